@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine:  `make demo` (the main job) and `make test` (the test suite).
+# Everything runs offline: the embedded tiny model is built locally, nothing is downloaded from the Hub.
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+# `torch==2.13.0` takes this machine's local CPU wheel; a bare `torch` would pull a multi-GB CUDA build.
+# GPU machines: `make install TORCH_SPEC=torch` (or install torch yourself first).
+TORCH_SPEC ?= torch==2.13.0
+
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TOKENIZERS_PARALLELISM := false
+export DS_BUILD_OPS := 0
+
+.PHONY: install test test-fast demo bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,deepspeed]"
+	touch $@
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+demo: install
+	$(PY) -m vision_grpo.demo
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+lint: install
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+clean:
+	rm -rf runs results .pytest_cache .ruff_cache

@@ -1,0 +1,85 @@
+"""The one place where a raw example becomes what the trainer and the evaluator consume.
+
+Training (`recipes/train.py`, `recipes/sft.py`) and evaluation (`eval/evaluate.py`) both build their examples with
+`build_messages` and `normalize_image`, so the prompt text, the position of the image in it and the pixels the
+processor sees are the same in both: the most common failure in this field is a train/eval mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image, ImageOps
+
+ImagePosition = Literal["before_text", "after_text"]
+
+# Anything larger than this is refused before decoding, so a hostile or broken file cannot exhaust memory.
+MAX_DECODE_PIXELS = 64_000_000
+
+
+def build_messages(text: str, image_position: ImagePosition) -> list[dict[str, Any]]:
+    """One user message holding the question text and one image slot, in the task's order; no system prompt.
+
+    The image part is a placeholder: TRL's GRPOTrainer and SFTTrainer (and our evaluator) fill it from the
+    example's `image` column, so the image is stored once, not inside the prompt.
+    """
+    text_part = {"type": "text", "text": text}
+    image_part = {"type": "image"}
+    content = [image_part, text_part] if image_position == "before_text" else [text_part, image_part]
+    return [{"role": "user", "content": content}]
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode to RGB: transparency composited onto white, 16/32-bit greyscale scaled rather than clipped."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        array = np.asarray(image, dtype=np.float64)
+        peak = array.max() if array.size and array.max() > 0 else 1.0
+        image = Image.fromarray(np.clip(array / peak * 255.0, 0, 255).astype(np.uint8), mode="L")
+    has_alpha = image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (image.mode == "P" and "transparency" in image.info)
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
+    """EXIF orientation applied, any mode to RGB on white, and at most `max_pixels` pixels (aspect kept).
+
+    The processor resizes again to its patch grid; shrinking here first keeps huge inputs from costing memory and
+    makes the number of image tokens depend only on what this function returns.
+    """
+    width, height = image.size
+    if width * height > MAX_DECODE_PIXELS:
+        raise ValueError(
+            f"image of {width}x{height} pixels is larger than the {MAX_DECODE_PIXELS:,}-pixel limit; "
+            "shrink it before training"
+        )
+    image = ImageOps.exif_transpose(image)
+    image = _to_rgb(image)
+    width, height = image.size
+    if width * height > max_pixels:
+        factor = math.sqrt(max_pixels / (width * height))
+        size = (max(1, math.floor(width * factor)), max(1, math.floor(height * factor)))
+        image = image.resize(size, Image.Resampling.BICUBIC)
+    return image
+
+
+def make_example(
+    example_id: str,
+    text: str,
+    image: Image.Image,
+    image_position: ImagePosition,
+    max_pixels: int,
+    **reward_columns: Any,
+) -> dict[str, Any]:
+    """A row for TRL's trainers and for our evaluator: `id`, conversational `prompt`, normalised `image`, and the
+    columns the reward functions read (TRL passes every extra column to them as a keyword list)."""
+    return {
+        "id": example_id,
+        "prompt": build_messages(text, image_position),
+        "image": normalize_image(image, max_pixels),
+        **reward_columns,
+    }

@@ -1,0 +1,107 @@
+"""Synthetic shape-counting images: red triangles, blue circles, green squares (the shape-counting seed's generator).
+
+Two layouts share one drawing routine:
+- `mixed` (the seed's): all three shapes, `count_range` of each, placed anywhere, overlaps allowed, 256x256.
+- `single`: only the asked shape is drawn, without overlaps, so that a tiny model on a CPU can learn to count it in
+  minutes (the demo's task). Everything else about the drawing is identical.
+
+Each example is drawn from its own `random.Random(f"{seed}:{index}")`, so an example depends only on the split's seed
+and its index: train and held-out sets use different seeds and never share a random stream.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from PIL import Image, ImageDraw
+
+SHAPES = ("triangles", "circles", "squares")
+COLORS = {"triangles": ("red", "darkred"), "circles": ("blue", "darkblue"), "squares": ("green", "darkgreen")}
+# The seed's size ranges on its 256-pixel canvas; other canvases scale them proportionally.
+SIZE_RANGES = {"triangles": (15, 35), "circles": (10, 25), "squares": (12, 28)}
+SEED_CANVAS = 256
+MAX_PLACEMENT_TRIES = 500
+
+
+@dataclass(frozen=True)
+class ShapeTaskSpec:
+    """What a shape-counting split looks like; a recipe's `shapes_*` keys fill it."""
+
+    layout: Literal["mixed", "single"] = "mixed"
+    canvas: int = SEED_CANVAS
+    min_count: int = 1
+    max_count: int = 5
+
+
+@dataclass(frozen=True)
+class ShapeExample:
+    """One drawn example: the question's shape, the answer, and the counts of all three shapes."""
+
+    image: Image.Image
+    shape: str
+    answer: int
+    ground_truth: dict[str, int]
+
+
+def question_for(shape: str) -> str:
+    """The seed's question, e.g. "How many circles are in the image?"."""
+    return f"How many {shape} are in the image?"
+
+
+def _bbox(shape: str, x: int, y: int, size: int) -> tuple[int, int, int, int]:
+    return (x - size, y - size, x + size, y + size)
+
+
+def _overlaps(box: tuple[int, int, int, int], others: list[tuple[int, int, int, int]]) -> bool:
+    return any(box[0] <= o[2] and o[0] <= box[2] and box[1] <= o[3] and o[1] <= box[3] for o in others)
+
+
+def _draw(draw: ImageDraw.ImageDraw, shape: str, x: int, y: int, size: int) -> None:
+    fill, outline = COLORS[shape]
+    if shape == "triangles":
+        draw.polygon([(x, y - size), (x - size, y + size), (x + size, y + size)], fill=fill, outline=outline)
+    elif shape == "circles":
+        draw.ellipse([(x - size, y - size), (x + size, y + size)], fill=fill, outline=outline)
+    else:
+        draw.rectangle([(x - size, y - size), (x + size, y + size)], fill=fill, outline=outline)
+
+
+def draw_shapes(counts: dict[str, int], rng: random.Random, canvas: int, allow_overlap: bool) -> Image.Image:
+    """Draw `counts[shape]` of each shape on a white canvas, in the seed's order (triangles, circles, squares)."""
+    scale = canvas / SEED_CANVAS
+    margin = round(20 * scale)
+    image = Image.new("RGB", (canvas, canvas), "white")
+    draw = ImageDraw.Draw(image)
+    placed: list[tuple[int, int, int, int]] = []
+    for shape in SHAPES:
+        low, high = (max(3, round(v * scale)) for v in SIZE_RANGES[shape])
+        for _ in range(counts.get(shape, 0)):
+            for _ in range(MAX_PLACEMENT_TRIES):
+                size = rng.randint(low, high)
+                if allow_overlap:
+                    x, y = rng.randint(margin, canvas - margin), rng.randint(margin, canvas - margin)
+                else:  # keep the whole shape on the canvas and apart from the others
+                    x, y = rng.randint(size + 1, canvas - size - 2), rng.randint(size + 1, canvas - size - 2)
+                box = _bbox(shape, x, y, size + 1)
+                if allow_overlap or not _overlaps(box, placed):
+                    break
+            else:
+                raise ValueError(f"cannot place {counts} without overlap on a {canvas}px canvas; use a larger canvas")
+            placed.append(box)
+            _draw(draw, shape, x, y, size)
+    return image
+
+
+def make_example(spec: ShapeTaskSpec, seed: int | str, index: int) -> ShapeExample:
+    """Example `index` of the split with `seed`: deterministic, independent of every other example."""
+    rng = random.Random(f"{seed}:{index}")
+    shape = SHAPES[rng.randrange(len(SHAPES))]
+    if spec.layout == "mixed":
+        counts = {s: rng.randint(spec.min_count, spec.max_count) for s in SHAPES}
+    else:
+        counts = {s: 0 for s in SHAPES}
+        counts[shape] = rng.randint(spec.min_count, spec.max_count)
+    image = draw_shapes(counts, rng, spec.canvas, allow_overlap=spec.layout == "mixed")
+    return ShapeExample(image=image, shape=shape, answer=counts[shape], ground_truth=counts)

@@ -1,0 +1,76 @@
+"""GRPO training of a vision-language model from a recipe, on TRL's GRPOTrainer.
+
+    accelerate launch recipes/train.py --config recipes/shapes/tiny_cpu.yaml [--key value ...]
+
+Stages: parse the recipe -> processor and model -> dataset -> rewards -> TRL's GRPOTrainer -> train -> save.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from accelerate import PartialState
+from trl import GRPOConfig, ModelConfig
+
+from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
+from vision_grpo.data import get_dataset
+from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
+from vision_grpo.rewards import get_reward_funcs
+from vision_grpo.runs import write_run_end, write_run_start
+from vision_grpo.training import GracefulStop, VisionGRPOTrainer, check_visual_tokens, prepare_run_dir
+
+logger = logging.getLogger("vision_grpo.train")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    argv = sys.argv[1:] if argv is None else argv
+    task_args, training_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
+    recipe_path = recipe_path_of(argv)
+    run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
+    is_main = PartialState().is_main_process
+
+    # Processor and model: the same loader for the embedded tiny model and Hub checkpoints.
+    processor = get_processor(model_args, task_args, training_args.trust_remote_code)
+    model = load_model(model_args, training_args.trust_remote_code)
+    if task_args.vision_tower == "freeze":
+        freeze_vision_tower(model)
+
+    # Dataset: prompts and normalised images through data/collator.py, checked against the processor.
+    train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
+    checked = check_visual_tokens(
+        train_dataset, processor, task_args.token_check_samples, training_args.chat_template_kwargs or {}
+    )
+    logger.info("%d training prompts; image-token count checked on %d", len(train_dataset), checked)
+
+    # Rewards: plugins from rewards/ (and `reward_dirs`), picked by name.
+    reward_funcs = get_reward_funcs(
+        task_args.reward_funcs,
+        task_args.reward_dirs,
+        context={"eos_token_ids": [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]},
+    )
+
+    trainer = VisionGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=processor,
+        peft_config=get_peft_config(model_args, task_args),
+        callbacks=[GracefulStop()],
+        vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
+    )
+    if is_main:
+        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), task=task_args.task)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(str(run_dir))
+    if is_main:
+        processor.save_pretrained(str(run_dir))
+        write_run_end(run_dir, global_step=trainer.state.global_step)
+    return run_dir
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main()

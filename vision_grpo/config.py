@@ -1,0 +1,124 @@
+"""Recipe parsing: one YAML file, three dataclasses (ours, TRL's trainer config, TRL's `ModelConfig`).
+
+`TrlParser` does the parsing (YAML first, CLI flags override it). Before it runs we check every YAML key against
+the three dataclasses, so a typo fails at once with the nearest valid key instead of somewhere in the middle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from trl import TrlParser
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: unknown key, wrong type, inconsistent values."""
+
+
+@dataclass
+class TaskArguments:
+    """Task, data, rewards and vision handling; everything of a recipe that TRL's own configs do not cover."""
+
+    task: str = field(default="shapes", metadata={"help": "`shapes` (counting) or `geoqa`."})
+    # Shape counting (the shape-counting seed's generator).
+    shapes_layout: str = field(default="mixed", metadata={"help": "`mixed` (seed: all three shapes) or `single`."})
+    shapes_canvas: int = field(default=256, metadata={"help": "Canvas side in pixels."})
+    shapes_min_count: int = field(default=1, metadata={"help": "Fewest of a shape drawn."})
+    shapes_max_count: int = field(default=5, metadata={"help": "Most of a shape drawn."})
+    shapes_train_size: int = field(default=500, metadata={"help": "Training images."})
+    shapes_eval_size: int = field(default=100, metadata={"help": "Held-out images."})
+    shapes_train_seed: int = field(default=1, metadata={"help": "Seed of the training images."})
+    shapes_eval_seed: int = field(default=2, metadata={"help": "Seed of the held-out images (differs from train)."})
+    # GeoQA.
+    dataset_name: str = field(default="hz2475/geoQA", metadata={"help": "Hub id or local parquet/save_to_disk path."})
+    dataset_revision: str | None = field(default=None, metadata={"help": "Hub revision (commit) to pin."})
+    geoqa_test_rows: int = field(default=759, metadata={"help": "Expected test rows; 0 accepts any revision."})
+    prompt_language: str = field(default="zh", metadata={"help": "GeoQA prompt template: `zh` (seed) or `en`."})
+    skip_bad_rows: bool = field(default=False, metadata={"help": "Skip and count invalid rows instead of failing."})
+    # Images.
+    min_pixels: int | None = field(default=None, metadata={"help": "Processor's lower pixel limit per image."})
+    max_pixels: int | None = field(default=None, metadata={"help": "Processor's upper pixel limit per image."})
+    token_check_samples: int = field(
+        default=32, metadata={"help": "Prompts whose image-token count is checked before training (-1: all)."}
+    )
+    # Rewards.
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["count_correct", "count_description", "count_reasoning"],
+        metadata={"help": "Reward names from rewards/ (and `reward_dirs`); weights in `reward_weights`."},
+    )
+    reward_dirs: list[str] = field(
+        default_factory=list, metadata={"help": "Extra folders of reward plugins (their code is run)."}
+    )
+    # Vision tower.
+    vision_tower: str = field(default="freeze", metadata={"help": "`train`, `freeze` or `scaled_lr`."})
+    vision_lr_scale: float = field(default=0.1, metadata={"help": "Learning-rate factor with `scaled_lr`."})
+    lora_on_vision: bool = field(default=False, metadata={"help": "Also put LoRA adapters on the vision tower."})
+    # Held-out accuracy during training.
+    holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
+    holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
+
+    def __post_init__(self) -> None:
+        choices = {
+            "task": ("shapes", "geoqa"),
+            "shapes_layout": ("mixed", "single"),
+            "prompt_language": ("zh", "en"),
+            "vision_tower": ("train", "freeze", "scaled_lr"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise RecipeError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
+        if not 1 <= self.shapes_min_count <= self.shapes_max_count:
+            raise RecipeError("shapes_min_count must be >= 1 and <= shapes_max_count")
+        if not self.vision_lr_scale > 0:
+            raise RecipeError("vision_lr_scale must be positive")
+
+
+def _field_names(config_classes: tuple[type, ...]) -> set[str]:
+    return {f.name for cls in config_classes for f in dataclasses.fields(cls)}
+
+
+def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dict[str, Any]:
+    """Read a recipe's YAML and fail on keys that none of `config_classes` knows, naming the nearest valid key."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe {path} does not exist")
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
+    if not isinstance(content, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(content).__name__}")
+    known = _field_names(config_classes)
+    for key in content:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"; did you mean `{near[0]}`?" if near else ""
+            raise RecipeError(f"recipe {path}: unknown key `{key}`{hint}")
+    return content
+
+
+def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple[Any, ...]:
+    """Parse `--config recipe.yaml` plus CLI overrides into one instance of each of `config_classes`.
+
+    Training passes (TaskArguments, GRPOConfig or SFTConfig, ModelConfig); the evaluator adds its own dataclass, so
+    it reads the very recipe training used and every field stays overridable on the command line.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if "--config" in argv:
+        check_recipe_keys(argv[argv.index("--config") + 1], config_classes)
+    parser = TrlParser(config_classes)
+    try:
+        return tuple(parser.parse_args_and_config(args=argv))
+    except SystemExit as error:  # argparse already printed which flag and why
+        raise RecipeError(f"could not parse the recipe arguments {argv}") from error
+
+
+def recipe_path_of(argv: list[str]) -> str | None:
+    """The `--config` file of an argument list, if any."""
+    return argv[argv.index("--config") + 1] if "--config" in argv else None

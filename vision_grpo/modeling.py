@@ -1,0 +1,128 @@
+"""Model loading for every recipe: Hub ids, local folders and the embedded tiny model go through one path.
+
+`resolve_model_path` turns a recipe's `model_name_or_path` into something `from_pretrained` can read: the embedded
+default is built into the cache on first use (it is never downloaded), anything else is passed through unchanged.
+From there the tiny model and `Qwen/Qwen2.5-VL-3B-Instruct` load with the same calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from filelock import FileLock
+from peft import LoraConfig
+from transformers import AutoModelForImageTextToText, PreTrainedModel
+
+from vision_grpo.processing import load_processor
+from vision_grpo.tiny_model import build_tiny_vlm
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"
+EMBEDDED_MODELS = {TINY_MODEL: build_tiny_vlm}
+# Parameter-name fragments of the vision towers of the supported families (Qwen-VL: `visual`).
+VISION_MODULE_PATTERN = r".*(visual|vision_tower|vision_model).*"
+
+
+def cache_dir() -> Path:
+    """Where built artefacts live: `$VISION_GRPO_CACHE`, else `~/.cache/vision_grpo`. Never inside the repo's git."""
+    return Path(os.environ.get("VISION_GRPO_CACHE", Path.home() / ".cache" / "vision_grpo"))
+
+
+def resolve_model_path(name: str) -> str:
+    """A path or Hub id that `from_pretrained` can read; builds the embedded model on first use."""
+    if name in EMBEDDED_MODELS:
+        target = cache_dir() / name.replace("/", "--")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
+            if not (target / "config.json").exists():
+                logger.info("building the embedded model %s in %s", name, target)
+                EMBEDDED_MODELS[name](target)
+        return str(target)
+    path = Path(name)
+    if name.startswith((".", "/", "~")) and not path.expanduser().exists():
+        raise FileNotFoundError(f"model path {name} does not exist")
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and not path.exists():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise FileNotFoundError(
+                f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; download it first or "
+                f"use the embedded default `{TINY_MODEL}`"
+            )
+    return name
+
+
+def _dtype(name: str | None) -> Any:
+    if name in (None, "auto"):
+        return "auto"
+    return getattr(torch, name)
+
+
+def load_model(model_args: Any, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The vision-language model of a recipe's `ModelConfig` (`trust_remote_code` off unless the recipe sets it)."""
+    if trust_remote_code:
+        logger.warning("trust_remote_code is on: code from %s will run", model_args.model_name_or_path)
+    return AutoModelForImageTextToText.from_pretrained(
+        resolve_model_path(model_args.model_name_or_path),
+        revision=model_args.model_revision,
+        dtype=_dtype(model_args.dtype),
+        attn_implementation=model_args.attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def get_processor(model_args: Any, task_args: Any, trust_remote_code: bool = False):
+    """The model's processor with the recipe's pixel limits (image-only where torchvision is missing)."""
+    return load_processor(
+        resolve_model_path(model_args.model_name_or_path),
+        min_pixels=task_args.min_pixels,
+        max_pixels=task_args.max_pixels,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def max_pixels_of(processor: Any) -> int:
+    """The processor's upper pixel limit, which image normalisation shrinks to."""
+    size = processor.image_processor.size
+    return int(size["longest_edge"] if "longest_edge" in size else size["max_pixels"])
+
+
+def get_peft_config(model_args: Any, task_args: Any) -> LoraConfig | None:
+    """LoRA on every linear layer of the language model (the vision tower only if `lora_on_vision`), or None.
+
+    `all-linear` plus an exclusion pattern works for every Qwen-VL family, whose module names differ (Qwen3.5 has
+    linear-attention projections that a fixed list would miss).
+    """
+    if not model_args.use_peft:
+        return None
+    return LoraConfig(
+        task_type="CAUSAL_LM",
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules or "all-linear",
+        exclude_modules=None if task_args.lora_on_vision else VISION_MODULE_PATTERN,
+        modules_to_save=model_args.lora_modules_to_save,
+        use_rslora=model_args.use_rslora,
+        use_dora=model_args.use_dora,
+    )
+
+
+def is_vision_parameter(name: str) -> bool:
+    """True for parameters of the vision tower (and its merger into the language model)."""
+    return any(part in name for part in ("visual", "vision_tower", "vision_model"))
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Turn off gradients of the vision tower; returns how many parameters were frozen."""
+    frozen = 0
+    for name, parameter in model.named_parameters():
+        if is_vision_parameter(name) and parameter.requires_grad:
+            parameter.requires_grad_(False)
+            frozen += parameter.numel()
+    return frozen

@@ -1,0 +1,79 @@
+"""Loading a Qwen-VL processor, with a fallback for machines without torchvision.
+
+Every full Qwen-VL processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5) declares a video processor, and every video
+processor needs torchvision. Our recipes only use images, so when the full processor cannot be built we build the
+same processor class without its video part: same image processor, tokenizer and chat template, hence the same
+prompts and the same image-token counts. This is the loader for the embedded tiny model and for real checkpoints.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin, Qwen2_5_VLProcessor
+from transformers.models.auto.processing_auto import processor_class_from_name
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.utils import cached_file
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def image_only_processor_class(processor_cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
+    """A subclass of `processor_cls` whose constructor takes no video processor.
+
+    The subclass keeps the parent's name so that what `save_pretrained` writes stays a standard processor config:
+    a machine with torchvision loads it back as the full processor.
+    """
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        processor_cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
+
+
+def build_image_only_processor(tokenizer, min_pixels: int, max_pixels: int, processor_cls=Qwen2_5_VLProcessor):
+    """An image-only processor around `tokenizer` with Qwen's image processor and the given pixel limits."""
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    return image_only_processor_class(processor_cls)(image_processor, tokenizer, chat_template=tokenizer.chat_template)
+
+
+def _needs_torchvision(error: Exception) -> bool:
+    return "torchvision" in str(error).lower() or "video" in str(error).lower()
+
+
+def load_processor(path: str, min_pixels: int | None, max_pixels: int | None, trust_remote_code: bool = False):
+    """Load the processor of `path` with the recipe's pixel limits; image-only when torchvision is missing.
+
+    The pixel limits go to the image processor, so training, evaluation and the visual-token check all see the same
+    number of image tokens per image.
+    """
+    pixel_kwargs = {k: v for k, v in {"min_pixels": min_pixels, "max_pixels": max_pixels}.items() if v is not None}
+    try:
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **pixel_kwargs)
+    except (ImportError, ValueError, TypeError, OSError) as error:
+        if not _needs_torchvision(error):
+            raise
+        logger.info("Full processor of %s needs torchvision (%s); loading it image-only.", path, error)
+        image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **pixel_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        processor_cls = processor_class_from_name(_processor_class_name(path))
+        processor = image_only_processor_class(processor_cls)(
+            image_processor, tokenizer, chat_template=tokenizer.chat_template
+        )
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
+def _processor_class_name(path: str) -> str:
+    """The processor class a checkpoint declares (processor_config.json, else tokenizer_config.json)."""
+    for filename in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        resolved = cached_file(path, filename, _raise_exceptions_for_missing_entries=False)
+        if resolved:
+            with open(resolved, encoding="utf-8") as handle:
+                name = json.load(handle).get("processor_class")
+            if name:
+                return name
+    return Qwen2_5_VLProcessor.__name__

@@ -1,0 +1,115 @@
+"""What a run folder records besides TRL's events and checkpoints: the resolved recipe and a manifest.
+
+`recipe.yaml` holds every key the recipe file or the command line set, with the value the run actually used, so
+two runs can be compared key by key. `manifest.json` holds what the recipe cannot: package versions, git commit
+and whether the tree was dirty, hardware, start and end time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed", "vision-grpo-recipes")
+
+
+def package_versions() -> dict[str, str | None]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the code that ran and whether it had uncommitted changes (None outside a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": dirty}
+
+
+def set_keys(recipe_path: str | None, argv: list[str]) -> list[str]:
+    """Keys the recipe file or the command line set explicitly, in that order."""
+    keys: list[str] = []
+    if recipe_path:
+        keys += list(yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {})
+    for token in argv:
+        if token.startswith("--") and token != "--config":
+            key = token[2:].split("=", 1)[0]
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def resolved_recipe(keys: list[str], configs: tuple[Any, ...]) -> dict[str, Any]:
+    """The final value of each explicitly set key (after CLI overrides and the run folder's output_dir)."""
+    values: dict[str, Any] = {}
+    for config in configs:
+        for f in dataclasses.fields(config):
+            if f.name in keys and f.name not in values:
+                value = getattr(config, f.name)
+                values[f.name] = value.value if hasattr(value, "value") else value
+    return {key: values[key] for key in keys if key in values}
+
+
+def _hardware() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+
+
+def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], **extra) -> None:
+    """Write `recipe.yaml` and the first `manifest.json` into the run folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe = resolved_recipe(set_keys(recipe_path, argv), configs)
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    manifest = {
+        "recipe": recipe_path,
+        "argv": argv,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ended": None,
+        "packages": package_versions(),
+        "git": git_state(),
+        "hardware": _hardware(),
+        **extra,
+    }
+    _write_json(run_dir / "manifest.json", manifest)
+
+
+def write_run_end(run_dir: Path, **extra: Any) -> None:
+    """Add the end time (and anything else known only at the end) to `manifest.json`."""
+    path = run_dir / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(ended=datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra)
+    _write_json(path, manifest)
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    """Write through a temporary file and rename, so no half-written manifest is ever read."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+    tmp.replace(path)

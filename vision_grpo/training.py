@@ -1,0 +1,134 @@
+"""Pieces the entry points (`recipes/train.py`, `recipes/sft.py`) assemble around TRL's trainers.
+
+Nothing here re-implements training: the trainers are TRL's; we add the run folder, the visual-token check, the
+vision-tower learning rate and a graceful stop on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import datasets
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from vision_grpo.modeling import is_vision_parameter
+
+logger = logging.getLogger(__name__)
+
+
+class VisualTokenMismatch(ValueError):
+    """A rendered prompt whose image-token count differs from what the processor computes for its image."""
+
+
+def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
+    """Point the trainer at `runs/<task>/<recipe>/<run-name>/`: checkpoints, TensorBoard events, resolved recipe.
+
+    The recipe's `output_dir` is the recipe's folder; the run name comes from `run_name` (recipe or `--run_name`)
+    or the start time. Rerunning with the same `run_name` finds that run's checkpoints again (resume).
+    """
+    run_name = trainer_args.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(trainer_args.output_dir) / run_name
+    trainer_args.output_dir = str(run_dir)
+    trainer_args.run_name = run_name
+    # transformers 5 reads TensorBoard's folder from this variable only (`logging_dir` is gone).
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir)
+    logger.info("run %s of recipe %s in %s", run_name, recipe_name, run_dir)
+    return run_dir
+
+
+def check_visual_tokens(dataset: datasets.Dataset, processor: Any, samples: int, chat_template_kwargs: dict) -> int:
+    """Render `samples` prompts (-1: all) and compare their image-pad tokens with the processor's own count.
+
+    The expected count is computed from the image size alone (as an inference server would); a mismatch means the
+    chat template, the processor or the pixel limits disagree, and training on it would misalign image features.
+    Returns the number of prompts checked.
+    """
+    count = len(dataset) if samples < 0 else min(samples, len(dataset))
+    image_token_id = processor.image_token_id
+    for row in dataset.select(range(count)):
+        image = row["image"]
+        messages = fill_image(row["prompt"], image)
+        rendered = processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **chat_template_kwargs
+        )
+        found = sum(1 for token in rendered["input_ids"][0] if token == image_token_id)
+        expected = processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
+        expected = expected["num_image_tokens"][0]
+        if found != expected:
+            size = processor.image_processor.size
+            raise VisualTokenMismatch(
+                f"example {row['id']}: the prompt holds {found} image tokens but a {image.width}x{image.height} "
+                f"image needs {expected} (pixel limits {dict(size)}); check `min_pixels`/`max_pixels` and the chat "
+                "template's image part"
+            )
+    return count
+
+
+def fill_image(prompt: list[dict], image: Any) -> list[dict]:
+    """The prompt with its image placeholder holding `image` (how TRL and the evaluator feed the processor)."""
+    filled = []
+    for message in prompt:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image", "image": image} if part["type"] == "image" else {"type": "text", "text": part["text"]}
+                for part in content
+            ]
+        filled.append({"role": message["role"], "content": content})
+    return filled
+
+
+class VisionGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate."""
+
+    def __init__(self, *args: Any, vision_lr_scale: float | None = None, **kwargs: Any) -> None:
+        self.vision_lr_scale = vision_lr_scale
+        super().__init__(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if self.vision_lr_scale is not None:
+            split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
+        return optimizer
+
+
+def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
+    """Move trainable vision-tower parameters into groups whose learning rate is `scale` times the others'."""
+    vision_ids = {id(p) for n, p in model.named_parameters() if is_vision_parameter(n) and p.requires_grad}
+    if not vision_ids:
+        raise ValueError("vision_tower: scaled_lr, but the model has no trainable vision-tower parameters")
+    for group in list(optimizer.param_groups):
+        vision = [p for p in group["params"] if id(p) in vision_ids]
+        if not vision:
+            continue
+        group["params"] = [p for p in group["params"] if id(p) not in vision_ids]
+        optimizer.add_param_group({**group, "params": vision, "lr": group["lr"] * scale, "vision_tower": True})
+
+
+class GracefulStop(TrainerCallback):
+    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._request)
+
+    def _request(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
+        self.requested = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
