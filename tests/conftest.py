@@ -1,0 +1,50 @@
+"""Shared test set-up: offline, isolated caches, the embedded tiny model, and a runner for the real entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Isolated from the user's caches, and nothing may reach the network.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="vision-grpo-tests-"))
+os.environ.update(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HOME": str(_SESSION_HOME / "hf"),
+        "VISION_GRPO_CACHE": os.environ.get("VISION_GRPO_TEST_CACHE", str(_SESSION_HOME / "vision_grpo")),
+    }
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    """The embedded tiny VLM, built once per test session through the same resolver the recipes use."""
+    from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+
+    return Path(resolve_model_path(TINY_MODEL))
+
+
+def run_script(args: list[str], timeout: float = 600, env: dict[str, str] | None = None, check: bool = True):
+    """Run `python <args>` from the repository root (as a user would) and return the completed process."""
+    process = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    if check and process.returncode != 0:
+        raise AssertionError(
+            f"{args} failed ({process.returncode}):\n{process.stdout[-3000:]}\n{process.stderr[-6000:]}"
+        )
+    return process
