@@ -77,28 +77,16 @@ def _geoqa_row(row: dict[str, Any], language: str, max_pixels: int) -> dict[str,
     return make_example(str(row["id"]), text, image, "after_text", max_pixels, label=row["label"])
 
 
-def _geoqa_row_is_valid(row: dict[str, Any]) -> bool:
-    try:
-        geoqa.check_row(row)
-    except geoqa.GeoQADataError as error:
-        logger.warning("skipping %s", error)
-        return False
-    return True
-
-
 def geoqa_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     """GeoQA rows: the `train` rows for training, the fixed 100-question test subset for evaluation."""
-    source = geoqa.load_source(task_args.dataset_name, task_args.dataset_revision)
-    if split == "train":
-        rows = geoqa.train_rows(source)
-    else:
-        rows = geoqa.fixed_test_subset(source, task_args.geoqa_test_rows or None)
+    rows = geoqa.load_split(
+        task_args.dataset_name, task_args.dataset_revision, split, task_args.geoqa_test_rows or None
+    )
     rows = rows.cast_column("image", datasets.Image(decode=False))
     if task_args.skip_bad_rows:
-        kept = rows.filter(_geoqa_row_is_valid)
-        if len(kept) < len(rows):
-            logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, len(rows) - len(kept), len(rows))
-        rows = kept
+        rows, skipped = geoqa.drop_bad_rows(rows)
+        if skipped:
+            logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, skipped, len(rows) + skipped)
     return rows.map(
         _geoqa_row,
         fn_kwargs={"language": task_args.prompt_language, "max_pixels": max_pixels},

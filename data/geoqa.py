@@ -3,23 +3,43 @@
 The seed trains on every `original_split == "train"` row and evaluates on a fixed 100-question subset of the 759
 `test` rows: shuffled with `datasets.Dataset.shuffle(seed=42)`, last 100 kept, in that order. It is a subset, not
 the full test set; numbers on it are not comparable to results on all 759 questions.
+
+One loader serves every source: the Hub (at a pinned revision), a local parquet file or folder, a `save_to_disk`
+folder, or a folder written by `prepare` (below), so offline clusters and the tests take the same path.
+
+    python -m vision_grpo.data.geoqa prepare --revision <commit> --output-dir <dir> [--source <hub id or path>]
 """
 
 from __future__ import annotations
 
+import argparse
 import io
+import json
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import datasets
 from PIL import Image, UnidentifiedImageError
 
+logger = logging.getLogger(__name__)
+
 HUB_DATASET = "hz2475/geoQA"
 COLUMNS = ("id", "subject", "choices", "label", "formal_point", "answer", "comment", "original_split", "image")
+# The columns we read; `formal_point`, `answer` (the worked solution, never shown to the model) and `comment` may
+# be absent from a local copy.
+REQUIRED_COLUMNS = ("id", "subject", "choices", "label", "original_split", "image")
 TEST_ROWS = 759
 SUBSET_SEED = 42
 SUBSET_SIZE = 100
 OPTION_LETTERS = "ABCD"
+# What `prepare` writes; a folder holding `SUBSET_FILE` is read as a prepared folder.
+TRAIN_FILE = "train.parquet"
+SUBSET_FILE = "test100.parquet"
+MANIFEST_FILE = "geoqa_prepared.json"
+PICKLE_SUFFIXES = (".pk", ".pkl", ".pickle")
+LOCAL_SUFFIXES = (".parquet", ".arrow", *PICKLE_SUFFIXES)
 
 # The seed's template, character for character (no newline after the last full stop).
 PROMPT_TEMPLATES = {
@@ -60,35 +80,63 @@ def format_question(subject: str, choices: list[str], language: str = "zh") -> s
     return PROMPT_TEMPLATES[language].format(question=subject.strip(), a=a, b=b, c=c, d=d)
 
 
-def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
-    """All rows of GeoQA from the Hub (`hz2475/geoQA` at `revision`) or a local copy.
+def _looks_local(source: str) -> bool:
+    """A path rather than a Hub id (`owner/name`): a path prefix, a data-file suffix, or not exactly one slash."""
+    return source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).suffix in LOCAL_SUFFIXES
 
-    A local copy is a parquet file, a folder of parquet files, or a `Dataset.save_to_disk` folder; the rows come
-    back in the same order as from the Hub, so the fixed subset is the same.
-    """
-    path = Path(source)
-    if path.suffix in (".pk", ".pkl", ".pickle") or (path.is_dir() and any(path.glob("*.pk"))):
+
+def _read_parquet(files: list[str]) -> datasets.Dataset:
+    return datasets.load_dataset("parquet", data_files=files, split="train")
+
+
+def _read_local(source: str) -> datasets.Dataset:
+    path = Path(source).expanduser()
+    if path.suffix in PICKLE_SUFFIXES or (path.is_dir() and any(p.suffix in PICKLE_SUFFIXES for p in path.iterdir())):
         raise GeoQADataError(
             f"{source}: pickle files are never loaded (unpickling runs arbitrary code); use the parquet release "
             f"of {HUB_DATASET} or our `prepare` command"
         )
+    if not path.exists():
+        raise GeoQADataError(
+            f"{source} does not exist. For the offline fixture run "
+            f"`python -m vision_grpo.data.geoqa_fixture --output {source}`; for the real data run "
+            "`python -m vision_grpo.data.geoqa prepare --revision <commit> --output-dir <dir>` where the Hub is up"
+        )
     if path.is_file() and path.suffix == ".parquet":
-        dataset = datasets.load_dataset("parquet", data_files=str(path), split="train")
-    elif path.is_dir() and (path / "state.json").exists():
-        dataset = datasets.load_from_disk(str(path))
-    elif path.is_dir():
+        return _read_parquet([str(path)])
+    if path.is_dir() and (path / "state.json").exists():
+        return datasets.load_from_disk(str(path))
+    if path.is_dir():
+        # Sorted, so a Hub snapshot's `data/train-0000k-of-0000n.parquet` shards keep the Hub's row order.
         files = sorted(str(p) for p in path.rglob("*.parquet"))
         if not files:
             raise GeoQADataError(f"{source}: folder holds no parquet files and is not a save_to_disk folder")
-        dataset = datasets.load_dataset("parquet", data_files=files, split="train")
-    elif path.exists() or source.startswith((".", "/")):
-        raise GeoQADataError(f"{source}: not a parquet file or folder")
-    else:
-        dataset = datasets.load_dataset(source, revision=revision, split="train")
-    missing = [c for c in COLUMNS if c not in dataset.column_names and c not in ("formal_point", "comment", "answer")]
+        return _read_parquet(files)
+    raise GeoQADataError(f"{source}: not a parquet file, a folder of parquet files or a save_to_disk folder")
+
+
+def _check_columns(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
+    missing = [c for c in REQUIRED_COLUMNS if c not in dataset.column_names]
     if missing:
         raise GeoQADataError(f"{source}: missing column(s) {missing}; expected the {HUB_DATASET} schema {COLUMNS}")
     return dataset
+
+
+def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
+    """All rows of GeoQA from the Hub (`hz2475/geoQA` at `revision`) or a local copy, in the Hub's row order.
+
+    A local copy is a parquet file, a folder of parquet files, or a `Dataset.save_to_disk` folder; `revision` only
+    applies to the Hub (a local copy is whatever revision it was made from).
+    """
+    if _looks_local(source) or Path(source).expanduser().exists():
+        if revision:
+            logger.info("GeoQA: local copy %s; dataset_revision %s is not checked against it", source, revision)
+        dataset = _read_local(source)
+    else:
+        if not revision:
+            logger.warning("GeoQA: %s without a pinned revision; the fixed subset may drift with `main`", source)
+        dataset = datasets.load_dataset(source, revision=revision, split="train")
+    return _check_columns(dataset, source)
 
 
 def train_rows(dataset: datasets.Dataset) -> datasets.Dataset:
@@ -99,8 +147,9 @@ def train_rows(dataset: datasets.Dataset) -> datasets.Dataset:
 def fixed_test_subset(dataset: datasets.Dataset, expected_test_rows: int | None = TEST_ROWS) -> datasets.Dataset:
     """The seed's evaluation subset: the `test` rows shuffled with seed 42, the last 100, in shuffled order.
 
-    Fails if the test split does not have `expected_test_rows` rows (another revision would give other questions);
-    pass `None` to accept any size.
+    `Dataset.shuffle(seed=42)` permutes with `numpy.random.default_rng(42).permutation(n)`, so the subset is the
+    test rows at positions `default_rng(42).permutation(759)[659:]`. Fails if the test split does not have
+    `expected_test_rows` rows (another revision would give other questions); pass `None` to accept any size.
     """
     test = dataset.filter(lambda split: split == "test", input_columns="original_split")
     if expected_test_rows is not None and len(test) != expected_test_rows:
@@ -114,15 +163,42 @@ def fixed_test_subset(dataset: datasets.Dataset, expected_test_rows: int | None 
     return shuffled.select(range(len(shuffled) - SUBSET_SIZE, len(shuffled)))
 
 
+def subset_ids(subset: datasets.Dataset) -> list[str]:
+    """The ids of the fixed subset's questions, in evaluation order (as strings, like our examples' `id`)."""
+    return [str(value) for value in subset["id"]]
+
+
+def _prepared_dir(source: str) -> Path | None:
+    path = Path(source).expanduser()
+    return path if path.is_dir() and (path / SUBSET_FILE).exists() else None
+
+
+def load_split(
+    source: str, revision: str | None, split: str, expected_test_rows: int | None = TEST_ROWS
+) -> datasets.Dataset:
+    """The raw rows of `split`: `train` (the training set) or `eval` (the fixed 100-question subset).
+
+    A folder written by `prepare` already holds both, so they are read as they are; any other source is split here.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be `train` or `eval`, got {split!r}")
+    prepared = _prepared_dir(source)
+    if prepared is not None:
+        if split == "train":
+            return train_rows(_check_columns(_read_parquet([str(prepared / TRAIN_FILE)]), source))
+        subset = _check_columns(_read_parquet([str(prepared / SUBSET_FILE)]), source)
+        if len(subset) != SUBSET_SIZE:
+            raise GeoQADataError(f"{prepared / SUBSET_FILE}: {len(subset)} rows, expected {SUBSET_SIZE}")
+        return subset
+    dataset = load_source(source, revision)
+    return train_rows(dataset) if split == "train" else fixed_test_subset(dataset, expected_test_rows)
+
+
 def _decode_image(value: Any) -> Image.Image:
+    """The row's image, fully decoded (so a truncated file fails here, not in the middle of training)."""
     if isinstance(value, Image.Image):
         return value
-    if isinstance(value, dict) and value.get("bytes"):
-        image = Image.open(io.BytesIO(value["bytes"]))
-    elif isinstance(value, dict) and value.get("path"):
-        image = Image.open(value["path"])
-    else:
-        raise GeoQADataError("no image")
+    image = Image.open(io.BytesIO(value["bytes"])) if value.get("bytes") else Image.open(value["path"])
     image.load()
     return image
 
@@ -130,21 +206,102 @@ def _decode_image(value: Any) -> Image.Image:
 def check_row(row: dict[str, Any]) -> Image.Image:
     """Validate one raw row (image column not decoded) and return its decoded image.
 
-    Raises `GeoQADataError` naming the row's id: exactly 4 choices, an integer label in 0..3, a non-empty question
-    and an image that decodes are required.
+    Raises `GeoQADataError` naming the row's id: exactly 4 string choices, an integer label in 0..3, a non-empty
+    question and an image that decodes are required.
     """
     try:
         choices, label = row["choices"], row["label"]
         if not isinstance(choices, list) or len(choices) != 4:
             got = len(choices) if isinstance(choices, list) else repr(choices)
             raise GeoQADataError(f"expected 4 choices, got {got}")
+        if not all(isinstance(choice, str) for choice in choices):
+            raise GeoQADataError(f"choices must be strings, got {choices!r}")
         if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label <= 3:
             raise GeoQADataError(f"label must be an integer in 0..3, got {label!r}")
         if not isinstance(row["subject"], str) or not row["subject"].strip():
             raise GeoQADataError("empty question")
+        image = row["image"]
+        has_image = isinstance(image, Image.Image) or (
+            isinstance(image, dict) and bool(image.get("bytes") or image.get("path"))
+        )
+        if not has_image:
+            raise GeoQADataError("no image")
         try:
-            return _decode_image(row["image"])
-        except (UnidentifiedImageError, OSError) as error:
+            return _decode_image(image)
+        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
             raise GeoQADataError(f"image does not decode ({error})") from error
     except GeoQADataError as error:
         raise GeoQADataError(f"GeoQA row id={row.get('id')!r}: {error}") from None
+
+
+def _is_valid(row: dict[str, Any]) -> bool:
+    try:
+        check_row(row)
+    except GeoQADataError as error:
+        logger.warning("skipping %s", error)
+        return False
+    return True
+
+
+def drop_bad_rows(rows: datasets.Dataset) -> tuple[datasets.Dataset, int]:
+    """The rows that pass `check_row` (each skipped one is logged with its reason) and how many were dropped.
+
+    Expects the image column undecoded (`datasets.Image(decode=False)`), so a corrupt image is caught here.
+    """
+    kept = rows.filter(_is_valid, desc="checking GeoQA rows")
+    return kept, len(rows) - len(kept)
+
+
+def prepare(source: str, revision: str | None, output_dir: Path, force: bool, expected_test_rows: int | None) -> dict:
+    """Write the seed's two files (`train.parquet`, `test100.parquet`) and a manifest; returns the manifest.
+
+    Like the seed's download step, but every column (including `original_split`) is kept, and the manifest records
+    the source, the revision and the subset's ids. Refuses to overwrite earlier output unless `force`.
+    """
+    if not _looks_local(source) and not revision:
+        raise GeoQADataError(f"{source}: pass --revision <commit> so the prepared files name the data they hold")
+    outputs = [output_dir / name for name in (TRAIN_FILE, SUBSET_FILE, MANIFEST_FILE)]
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not force:
+        raise GeoQADataError(f"{existing} already exist; pass --force to overwrite")
+    dataset = load_source(source, revision)
+    train, subset = train_rows(dataset), fixed_test_subset(dataset, expected_test_rows)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    train.to_parquet(str(output_dir / TRAIN_FILE))
+    subset.to_parquet(str(output_dir / SUBSET_FILE))
+    manifest = {
+        "source": source,
+        "revision": revision,
+        "rows": len(dataset),
+        "train_rows": len(train),
+        "test_rows": sum(1 for split in dataset["original_split"] if split == "test"),
+        "subset_seed": SUBSET_SEED,
+        "subset_ids": subset_ids(subset),
+    }
+    (output_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, ensure_ascii=False), encoding="utf-8")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vision_grpo.data.geoqa", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help=f"write {TRAIN_FILE} and {SUBSET_FILE} for one revision")
+    prep.add_argument("--source", default=HUB_DATASET, help="Hub id or local copy (parquet, folder, save_to_disk)")
+    prep.add_argument("--revision", default=None, help="Hub commit to pin (required for a Hub source)")
+    prep.add_argument("--output-dir", type=Path, required=True)
+    prep.add_argument("--force", action="store_true", help="overwrite files written earlier")
+    prep.add_argument("--test-rows", type=int, default=TEST_ROWS, help="expected test rows; 0 accepts any")
+    args = parser.parse_args(argv)
+    try:
+        manifest = prepare(args.source, args.revision, args.output_dir, args.force, args.test_rows or None)
+    except GeoQADataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.output_dir / TRAIN_FILE}: {manifest['train_rows']} rows")
+    print(f"{args.output_dir / SUBSET_FILE}: {SUBSET_SIZE} rows (fixed subset of {manifest['test_rows']} test rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    sys.exit(main())
