@@ -33,11 +33,15 @@ def build_messages(text: str, image_position: ImagePosition) -> list[dict[str, A
 
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any PIL mode to RGB: transparency composited onto white, 16/32-bit greyscale scaled rather than clipped."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         array = np.asarray(image, dtype=np.float64)
-        peak = array.max() if array.size and array.max() > 0 else 1.0
+        # 16-bit images have a known range (mid-grey stays mid-grey); 32-bit and float ones do not: peak is white.
+        peak = 65535.0 if image.mode.startswith("I;16") else (array.max() if array.size and array.max() > 0 else 1.0)
         image = Image.fromarray(np.clip(array / peak * 255.0, 0, 255).astype(np.uint8), mode="L")
-    has_alpha = image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (image.mode == "P" and "transparency" in image.info)
+    if image.mode == "La":  # Pillow converts premultiplied LA to nothing but LA
+        image = image.convert("LA")
+    # A `transparency` entry (PNG tRNS) makes one colour of a P, L, RGB or 1-bit image transparent.
+    has_alpha = image.mode in ("RGBA", "LA", "PA", "RGBa") or "transparency" in image.info
     if has_alpha:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -62,8 +66,14 @@ def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
     width, height = image.size
     if width * height > max_pixels:
         factor = math.sqrt(max_pixels / (width * height))
-        size = (max(1, math.floor(width * factor)), max(1, math.floor(height * factor)))
-        image = image.resize(size, Image.Resampling.BICUBIC)
+        new_width, new_height = max(1, math.floor(width * factor)), max(1, math.floor(height * factor))
+        # A side clamped to 1 pixel (extreme aspect ratios) leaves the other side to respect the limit alone.
+        if new_width * new_height > max_pixels:
+            if new_width > new_height:
+                new_width = max_pixels // new_height
+            else:
+                new_height = max_pixels // new_width
+        image = image.resize((new_width, new_height), Image.Resampling.BICUBIC)
     return image
 
 

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ def _import_file(path: Path) -> None:
 
 def discover(extra_dirs: Sequence[str | Path] = ()) -> dict[str, RegisteredReward]:
     """Import every plugin file of this folder and of `extra_dirs`; return the registry."""
+    importlib.invalidate_caches()  # a plugin file dropped in after start-up must still be found (Python's docs)
     for directory in (BUILTIN_DIR, *map(Path, extra_dirs)):
         if not directory.is_dir():
             raise RewardPluginError(f"reward folder {directory} does not exist")
@@ -123,7 +125,7 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
             count = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise RewardPluginError(f"{where} returned {count} values for {len(completions)} completions")
         for value in values:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise RewardPluginError(f"{where} returned {value!r}; rewards must be numbers or None")
             if value is not None and not math.isfinite(value):
                 raise RewardPluginError(f"{where} returned {value}; rewards must be finite (None marks 'no reward')")

@@ -33,10 +33,21 @@ SEED_KEYWORDS = {
 }
 
 
+# Python refuses to parse integers of more than 4300 digits (and a count never has more than a few): longer digit
+# runs read as TOO_LARGE, which equals no count, instead of crashing the reward on a runaway completion.
+MAX_DIGITS = 18
+TOO_LARGE = 10**MAX_DIGITS
+
+
 @dataclass(frozen=True)
 class FinalAnswer:
     value: int
     start: int
+
+
+def _parse_digits(digits: str) -> int:
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= MAX_DIGITS else TOO_LARGE
 
 
 def last_integer(text: str) -> FinalAnswer | None:
@@ -44,7 +55,7 @@ def last_integer(text: str) -> FinalAnswer | None:
     last = None
     for last in INTEGER.finditer(text):  # noqa: B007 - the loop keeps the last match
         pass
-    return FinalAnswer(int(last.group()), last.start()) if last else None
+    return FinalAnswer(_parse_digits(last.group()), last.start()) if last else None
 
 
 def boxed_integer(text: str) -> FinalAnswer | None:
@@ -53,7 +64,7 @@ def boxed_integer(text: str) -> FinalAnswer | None:
     if start < 0:
         return None
     match = BOXED_INTEGER.match(text, start)
-    return FinalAnswer(int(match.group(1)), match.start()) if match else None
+    return FinalAnswer(_parse_digits(match.group(1)), match.start()) if match else None
 
 
 def final_answer(text: str) -> FinalAnswer | None:
@@ -62,7 +73,7 @@ def final_answer(text: str) -> FinalAnswer | None:
 
 
 def _number(token: str) -> int:
-    return int(token) if token.isdigit() else NUMBER_WORDS[token.lower()]
+    return _parse_digits(token) if token.isdigit() else NUMBER_WORDS[token.lower()]
 
 
 def grounded_description_end(text: str, shape: str, counts: dict[str, int]) -> int | None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,12 +82,46 @@ class TaskArguments:
             raise RecipeError("vision_lr_scale must be positive")
 
 
-def _field_names(config_classes: tuple[type, ...]) -> set[str]:
-    return {f.name for cls in config_classes for f in dataclasses.fields(cls)}
+def _field_types(config_classes: tuple[type, ...]) -> dict[str, Any]:
+    """Every field name of `config_classes` with its resolved annotation (the first class wins)."""
+    found: dict[str, Any] = {}
+    for cls in config_classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            found.setdefault(f.name, hints.get(f.name, Any))
+    return found
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a YAML value fits a field's annotation.
+
+    TrlParser hands YAML values to argparse as defaults, and argparse only converts (and checks) strings: without
+    this check `max_steps: 2.5`, `use_peft: 3` or `save_strategy: no` (YAML reads a boolean) pass silently.
+    Strings pass here for the same reason (enums too take their strings); other annotations are left to the trainer.
+    """
+    if isinstance(value, str) or hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, list) and all(_matches(item, args[0] if args else Any) for item in value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):  # a YAML integer is a valid float; a boolean is neither
+        return not isinstance(value, bool) and isinstance(value, int if hint is int else (int, float))
+    if hint in (bool, str) or (isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        return isinstance(value, hint)
+    return True
 
 
 def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dict[str, Any]:
-    """Read a recipe's YAML and fail on keys that none of `config_classes` knows, naming the nearest valid key."""
+    """Read a recipe's YAML; fail on keys that none of `config_classes` knows (naming the nearest valid key) and on
+    values of the wrong type."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe {path} does not exist")
@@ -94,12 +131,15 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
         raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
     if not isinstance(content, dict):
         raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(content).__name__}")
-    known = _field_names(config_classes)
-    for key in content:
+    known = _field_types(config_classes)
+    for key, value in content.items():
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"; did you mean `{near[0]}`?" if near else ""
             raise RecipeError(f"recipe {path}: unknown key `{key}`{hint}")
+        if not _matches(value, known[key]):
+            expected = known[key].__name__ if isinstance(known[key], type) else known[key]
+            raise RecipeError(f"recipe {path}: `{key}: {value!r}` has type {type(value).__name__}, expected {expected}")
     return content
 
 

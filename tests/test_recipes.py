@@ -1,0 +1,108 @@
+"""Every shipped recipe parses with its trainer's config, and broken recipes fail early with a useful message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from trl import GRPOConfig, ModelConfig, SFTConfig
+
+from vision_grpo.config import RecipeError, TaskArguments, check_recipe_keys, parse_recipe
+from vision_grpo.rewards import get_reward_funcs
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = sorted(p for p in (REPO / "recipes").rglob("*") if p.suffix in (".yaml", ".yml"))
+GRPO_CLASSES = (TaskArguments, GRPOConfig, ModelConfig)
+# GPU recipes set `bf16: true`, which the trainer config rejects on a CPU-only machine; parsing here overrides it.
+CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true"]
+
+
+def config_classes(recipe: Path) -> tuple[type, ...]:
+    """SFT recipes (the file name says `sft`) run on TRL's SFTConfig, all others on GRPOConfig."""
+    return (TaskArguments, SFTConfig, ModelConfig) if "sft" in recipe.name else GRPO_CLASSES
+
+
+def write_recipe(folder: Path, **overrides) -> Path:
+    """The CPU smoke recipe with some keys changed."""
+    content = yaml.safe_load((REPO / "recipes" / "shapes" / "tiny_cpu.yaml").read_text())
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**content, **overrides}))
+    return path
+
+
+def test_there_are_recipes() -> None:
+    assert RECIPES
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))
+def test_every_recipe_parses_and_names_existing_rewards(recipe: Path) -> None:
+    classes = config_classes(recipe)
+    assert check_recipe_keys(recipe, classes)
+    task, trainer, _model = parse_recipe(classes, ["--config", str(recipe), *CPU_OVERRIDES])
+    if classes is GRPO_CLASSES:
+        assert len(get_reward_funcs(task.reward_funcs, task.reward_dirs)) == len(task.reward_funcs)
+        assert trainer.reward_weights is None or len(trainer.reward_weights) == len(task.reward_funcs)
+
+
+def test_command_line_flags_override_the_recipe(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path)
+    task, trainer, model = parse_recipe(
+        GRPO_CLASSES, ["--config", str(path), "--max_steps", "7", "--reward_funcs", "count_correct", "count_format"]
+    )
+    assert trainer.max_steps == 7
+    assert task.reward_funcs == ["count_correct", "count_format"]
+    assert model.lora_r == 8  # untouched keys keep the recipe's value
+
+
+def test_an_unknown_key_fails_with_the_nearest_key(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path, learning_rat=1e-4)
+    with pytest.raises(RecipeError, match="unknown key `learning_rat`; did you mean `learning_rate`"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("model: [unclosed\n", "not valid YAML"), ("- a list\n- not a mapping\n", "must be a mapping"), ("", "mapping")],
+)
+def test_a_file_that_is_not_a_yaml_mapping_fails_clearly(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+
+
+def test_a_missing_recipe_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match="does not exist"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(tmp_path / "nope.yaml")])
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("max_steps", 2.5),
+        ("shapes_train_size", True),
+        ("use_peft", 3),
+        ("save_strategy", False),  # what YAML makes of an unquoted `save_strategy: no`
+        ("lora_r", [8]),
+        ("reward_funcs", [1, 2]),
+        ("max_steps", None),
+    ],
+)
+def test_a_value_of_the_wrong_type_fails_naming_the_key(tmp_path: Path, key: str, value) -> None:
+    path = write_recipe(tmp_path, **{key: value})
+    with pytest.raises(RecipeError, match=f"`{key}: "):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+
+
+def test_a_string_that_is_not_a_number_fails_naming_the_flag(tmp_path: Path, capsys) -> None:
+    path = write_recipe(tmp_path, max_steps="four")
+    with pytest.raises(RecipeError, match="could not parse"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+    assert "--max_steps" in capsys.readouterr().err
+
+
+def test_invalid_task_values_fail(tmp_path: Path) -> None:
+    path = write_recipe(tmp_path, shapes_layout="scattered")
+    with pytest.raises(RecipeError, match="shapes_layout"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])

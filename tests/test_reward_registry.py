@@ -1,0 +1,148 @@
+"""Reward plugins: a file dropped into a reward folder is found by name, and every way a plugin can go wrong fails
+with a message that names the plugin (or its file) instead of failing somewhere inside TRL.
+
+The registry is process-wide, so every plugin written here gets a unique name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
+
+COMPLETIONS = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "a longer answer"}]]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def write_plugin(folder: Path, body: str, stem: str | None = None) -> Path:
+    path = folder / f"{stem or unique('plugin')}.py"
+    path.write_text("from vision_grpo.rewards import completion_texts, reward\n\n" + textwrap.dedent(body))
+    return path
+
+
+def plugin_returning(folder: Path, expression: str) -> tuple[str, Path]:
+    """A plugin whose reward returns `expression` (evaluated with `completions` and numpy as `np` in scope)."""
+    name = unique("returns")
+    body = f"import numpy as np\n\n\n@reward()\ndef {name}(completions, **kwargs):\n    return {expression}\n"
+    return name, write_plugin(folder, body)
+
+
+def test_a_plugin_in_an_extra_folder_is_found_and_usable_by_name(tmp_path: Path) -> None:
+    name = unique("length")
+    write_plugin(
+        tmp_path,
+        f"""
+        @reward()
+        def {name}(completions, eos_token_ids=None, **kwargs):
+            return [len(text) + eos_token_ids[0] for text in completion_texts(completions)]
+        """,
+    )
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path], context={"eos_token_ids": [100], "unused": 1})
+    assert func(completions=COMPLETIONS) == [101.0, 115.0]
+    assert func.__name__ == name  # TRL logs rewards/<__name__>/mean
+
+
+def test_rewards_keep_the_requested_order(tmp_path: Path) -> None:
+    first, _ = plugin_returning(tmp_path, "[1.0] * len(completions)")
+    second, _ = plugin_returning(tmp_path, "[2.0] * len(completions)")
+    funcs = get_reward_funcs([second, "count_correct", first], extra_dirs=[tmp_path])
+    assert [f.__name__ for f in funcs] == [second, "count_correct", first]
+
+
+def test_an_unknown_name_lists_the_available_rewards() -> None:
+    with pytest.raises(RewardPluginError, match="count_correct") as error:
+        get_reward_funcs(["count_corect"])
+    assert "count_corect" in str(error.value)
+    assert "seed_count_reasoning" in str(error.value)
+
+
+def test_two_plugins_with_one_name_name_both_files(tmp_path: Path) -> None:
+    name = unique("twice")
+    body = f"@reward()\ndef {name}(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    first = write_plugin(tmp_path, body, stem="a_first")
+    second = write_plugin(tmp_path, body, stem="b_second")
+    with pytest.raises(RewardPluginError, match=name) as error:
+        get_reward_funcs([name], extra_dirs=[tmp_path])
+    assert str(first.resolve()) in str(error.value)
+    assert str(second.resolve()) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "complaint"),
+    [
+        ("[1.0]", "returned 1 values for 2 completions"),
+        ("1.0", "returned float values"),
+        ("[float('nan')] * len(completions)", "finite"),
+        ("[float('inf'), 0.0]", "finite"),
+        ("['1.0'] * len(completions)", "must be numbers"),
+        ("[True, False]", "must be numbers"),
+    ],
+)
+def test_a_bad_return_value_names_the_plugin(tmp_path: Path, expression: str, complaint: str) -> None:
+    name, path = plugin_returning(tmp_path, expression)
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    with pytest.raises(RewardPluginError, match=complaint) as error:
+        func(completions=COMPLETIONS)
+    assert name in str(error.value) and str(path.resolve()) in str(error.value)
+
+
+def test_none_and_numpy_numbers_are_valid_rewards(tmp_path: Path) -> None:
+    name, _ = plugin_returning(tmp_path, "[None, np.float32(0.5)]")
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    values = func(completions=COMPLETIONS)
+    assert values == [None, 0.5]
+    assert type(values[1]) is float
+
+
+def test_a_plugin_that_raises_names_the_plugin_and_file(tmp_path: Path) -> None:
+    name, path = plugin_returning(tmp_path, "1 / 0")
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    with pytest.raises(RewardPluginError, match="ZeroDivisionError") as error:
+        func(completions=COMPLETIONS)
+    assert name in str(error.value) and str(path.resolve()) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "source", ["def broken(:\n", "import a_module_that_does_not_exist_anywhere\n", "raise RuntimeError('boom')\n"]
+)
+def test_a_plugin_that_fails_to_import_names_the_file(tmp_path: Path, source: str) -> None:
+    path = tmp_path / f"{unique('broken')}.py"
+    path.write_text(source)
+    with pytest.raises(RewardPluginError, match="failed to import") as error:
+        get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
+    assert str(path.resolve()) in str(error.value)
+
+
+def test_a_missing_reward_folder_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RewardPluginError, match="does not exist"):
+        get_reward_funcs(["count_correct"], extra_dirs=[tmp_path / "nowhere"])
+
+
+@pytest.fixture
+def builtin_plugin_name() -> Iterator[str]:
+    """A name for a plugin file in the real rewards/ folder; the file (and its bytecode) is removed afterwards."""
+    name = unique("zz_dropped_in")
+    path = BUILTIN_DIR / f"{name}.py"
+    try:
+        yield name
+    finally:
+        path.unlink(missing_ok=True)
+        Path(importlib.util.cache_from_source(str(path))).unlink(missing_ok=True)
+
+
+def test_a_file_dropped_into_the_rewards_folder_needs_no_other_edit(builtin_plugin_name: str) -> None:
+    name = builtin_plugin_name
+    get_reward_funcs(["count_correct"])  # plugins were discovered before the file appeared
+    body = f"@reward()\ndef {name}(completions, **kwargs):\n    return [0.25] * len(completions)\n"
+    write_plugin(BUILTIN_DIR, body, stem=name)
+    (func,) = get_reward_funcs([name])
+    assert func(completions=COMPLETIONS) == [0.25, 0.25]
