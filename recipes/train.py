@@ -14,11 +14,12 @@ from pathlib import Path
 from accelerate import PartialState
 from trl import GRPOConfig, ModelConfig
 
+from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
-from vision_grpo.runs import write_run_end, write_run_start
+from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
 from vision_grpo.training import GracefulStop, VisionGRPOTrainer, check_visual_tokens, prepare_run_dir
 
 logger = logging.getLogger("vision_grpo.train")
@@ -58,11 +59,14 @@ def main(argv: list[str] | None = None) -> Path:
         train_dataset=train_dataset,
         processing_class=processor,
         peft_config=get_peft_config(model_args, task_args),
-        callbacks=[GracefulStop()],
+        callbacks=[GracefulStop(), TensorBoardHParams(run_dir, recipe_hparams(task_args, training_args, model_args))],
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
     )
+    if task_args.holdout_eval_steps > 0:
+        trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))
     if is_main:
-        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), task=task_args.task)
+        facts = {"task": task_args.task, "dataset": dataset_identity(task_args), "seed": training_args.seed}
+        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), **facts)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(str(run_dir))
     if is_main:

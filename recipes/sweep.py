@@ -1,0 +1,118 @@
+"""Run one recipe with a few keys swept, as separate runs one after another, then compare them.
+
+    python recipes/sweep.py --config recipes/shapes/tiny_cpu.yaml --learning_rate 1e-5,4e-5 --max_steps 20
+    python recipes/sweep.py --launcher "accelerate launch --config_file <file>" --config <recipe> --beta 0,0.04
+
+A flag with comma-separated values (`--key a,b`) is swept; several swept flags give every combination. All other
+flags go to every run unchanged. Runs are named `<sweep>_<key>=<value>...` in the recipe's `output_dir`, next to
+its other runs; afterwards `eval/compare_runs.py` writes the curves and the table to `--compare_output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import re
+import shlex
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+
+from vision_grpo.eval import compare_runs
+
+logger = logging.getLogger("vision_grpo.sweep")
+TRAIN = Path(__file__).resolve().with_name("train.py")
+Flag = tuple[str, list[str]]
+
+
+class SweepError(ValueError):
+    """A sweep that cannot start: nothing swept, a run name taken, no output folder."""
+
+
+def split_flags(argv: list[str]) -> list[Flag]:
+    """`--key v1 v2 --flag --k=v` as [(key, [v1, v2]), (flag, []), (k, [v])]."""
+    flags: list[Flag] = []
+    for token in argv:
+        if token.startswith("--"):
+            key, has_value, value = token[2:].partition("=")
+            flags.append((key, [value] if has_value else []))
+        elif flags:
+            flags[-1][1].append(token)
+        else:
+            raise SweepError(f"{token!r} is not a --flag or its value")
+    return flags
+
+
+def is_swept(values: list[str]) -> bool:
+    """One value with commas, not a JSON object or list (e.g. `--chat_template_kwargs '{"a": 1, "b": 2}'`)."""
+    return len(values) == 1 and "," in values[0] and not values[0].lstrip().startswith(("{", "["))
+
+
+def plan(flags: list[Flag], sweep_name: str) -> list[tuple[str, list[str]]]:
+    """(run name, train.py arguments) of every combination of the swept values."""
+    fixed = [(key, values) for key, values in flags if not is_swept(values)]
+    swept = [(key, values[0].split(",")) for key, values in flags if is_swept(values)]
+    if not swept:
+        raise SweepError("nothing to sweep: give at least one flag several values, e.g. --learning_rate 1e-5,4e-5")
+    if any(key == "run_name" for key, _ in flags):
+        raise SweepError("the sweep names its runs; use --sweep_name instead of --run_name")
+    base = [token for key, values in fixed for token in (f"--{key}", *values)]
+    runs = []
+    for combination in itertools.product(*(values for _, values in swept)):
+        chosen = list(zip((key for key, _ in swept), (value.strip() for value in combination), strict=True))
+        name = "_".join([sweep_name, *(f"{key}={value}" for key, value in chosen)])
+        name = re.sub(r"[^\w.=+-]", "-", name)  # a readable folder name: no slashes or spaces
+        overrides = [token for key, value in chosen for token in (f"--{key}", value)]
+        runs.append((name, [*base, *overrides, "--run_name", name]))
+    return runs
+
+
+def output_dir_of(flags: list[Flag]) -> Path:
+    """Where train.py puts the runs: `--output_dir` if given, else the recipe's `output_dir`."""
+    values = dict(flags)
+    if values.get("output_dir"):
+        return Path(values["output_dir"][0])
+    if values.get("config"):
+        recipe = yaml.safe_load(Path(values["config"][0]).read_text(encoding="utf-8")) or {}
+        if recipe.get("output_dir"):
+            return Path(recipe["output_dir"])
+    raise SweepError("no output_dir: set it in the recipe or pass --output_dir")
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--sweep_name", default=datetime.now().strftime("%Y%m%d-%H%M%S"), help="Run-name prefix.")
+    parser.add_argument("--launcher", help='Default: this Python; e.g. "accelerate launch --config_file <file>".')
+    parser.add_argument("--compare_output", help="Comparison files prefix (default: results/sweeps/<sweep_name>).")
+    parser.add_argument("--dry_run", action="store_true", help="Print the commands, run nothing.")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    flags = split_flags(rest)
+    output_dir = output_dir_of(flags)
+    runs = plan(flags, args.sweep_name)
+    taken = [name for name, _ in runs if (output_dir / name).exists()]
+    if taken:
+        raise SweepError(f"run folders already exist in {output_dir}: {taken}; choose another --sweep_name")
+    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
+    run_dirs: list[Path] = []
+    for name, train_args in runs:
+        command = [*launcher, str(TRAIN), *train_args]
+        print(shlex.join(command), flush=True)
+        if args.dry_run:
+            continue
+        exit_code = subprocess.run(command).returncode
+        if exit_code != 0:
+            raise SweepError(f"run {name} failed (exit {exit_code}); finished runs: {[str(d) for d in run_dirs]}")
+        run_dirs.append(output_dir / name)
+    if run_dirs:
+        compare_output = args.compare_output or f"results/sweeps/{args.sweep_name}"
+        compare_runs.main([*(str(d) for d in run_dirs), "--output", compare_output])
+    return run_dirs
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main()
