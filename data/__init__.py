@@ -8,6 +8,7 @@ built once per dataset with `Dataset.map`, so no image is re-normalised at every
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import asdict
 from typing import Any
 
@@ -122,3 +123,25 @@ def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset
     if len(dataset) == 0:
         raise ValueError(f"the {task_args.task} {split} dataset is empty after filtering")
     return dataset
+
+
+def _sft_completion(row_id: str, answer: int, templates: list[str], weights: list[float]) -> dict[str, Any]:
+    form = random.Random(f"sft:{row_id}").choices(templates, weights=weights)[0]
+    text = form.replace("{count}", str(answer))
+    return {"completion": [{"role": "assistant", "content": [{"type": "text", "text": text}]}]}
+
+
+def with_sft_completions(dataset: datasets.Dataset, templates: list[str], weights: list[float]) -> datasets.Dataset:
+    """Add a `completion` column for supervised warm starts: each row's answer in one of `templates`.
+
+    The form is drawn per row id, so a row keeps its target across runs. Only shape counting has targets: GeoQA's
+    worked explanations are never shown to the model.
+    """
+    if "answer" not in dataset.column_names:
+        raise ValueError("supervised targets exist only for the shapes task (GeoQA explanations are not used)")
+    return dataset.map(
+        _sft_completion,
+        input_columns=["id", "answer"],
+        fn_kwargs={"templates": templates, "weights": weights},
+        desc="adding SFT targets",
+    )

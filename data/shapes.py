@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 
 SHAPES = ("triangles", "circles", "squares")
 COLORS = {"triangles": ("red", "darkred"), "circles": ("blue", "darkblue"), "squares": ("green", "darkgreen")}
-# The seed's size ranges on its 256-pixel canvas; other canvases scale them proportionally.
+# The seed's size ranges in pixels, the same on every canvas (a shape must stay countable at 14-pixel patches).
 SIZE_RANGES = {"triangles": (15, 35), "circles": (10, 25), "squares": (12, 28)}
 SEED_CANVAS = 256
 MAX_PLACEMENT_TRIES = 500
@@ -70,13 +70,14 @@ def _draw(draw: ImageDraw.ImageDraw, shape: str, x: int, y: int, size: int) -> N
 
 def draw_shapes(counts: dict[str, int], rng: random.Random, canvas: int, allow_overlap: bool) -> Image.Image:
     """Draw `counts[shape]` of each shape on a white canvas, in the seed's order (triangles, circles, squares)."""
-    scale = canvas / SEED_CANVAS
-    margin = round(20 * scale)
+    margin = 20
     image = Image.new("RGB", (canvas, canvas), "white")
     draw = ImageDraw.Draw(image)
     placed: list[tuple[int, int, int, int]] = []
     for shape in SHAPES:
-        low, high = (max(3, round(v * scale)) for v in SIZE_RANGES[shape])
+        low, high = SIZE_RANGES[shape]
+        if counts.get(shape, 0) and canvas < 2 * (high + 2):  # else placement has no room at all
+            raise ValueError(f"a {canvas}px canvas is too small for {shape} of up to {high}px; use {2 * (high + 2)}px+")
         for _ in range(counts.get(shape, 0)):
             for _ in range(MAX_PLACEMENT_TRIES):
                 size = rng.randint(low, high)

@@ -62,6 +62,14 @@ class TaskArguments:
     vision_tower: str = field(default="freeze", metadata={"help": "`train`, `freeze` or `scaled_lr`."})
     vision_lr_scale: float = field(default=0.1, metadata={"help": "Learning-rate factor with `scaled_lr`."})
     lora_on_vision: bool = field(default=False, metadata={"help": "Also put LoRA adapters on the vision tower."})
+    # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
+    sft_targets: list[str] = field(
+        default_factory=lambda: ["{count}.", "I count {count} of them, so the answer is \\boxed{{count}}."],
+        metadata={"help": "Completion templates for SFT on shapes; `{count}` becomes the answer."},
+    )
+    sft_target_weights: list[float] = field(
+        default_factory=lambda: [0.5, 0.5], metadata={"help": "Probability of each `sft_targets` form."}
+    )
     # Held-out accuracy during training.
     holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
     holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
@@ -78,6 +86,8 @@ class TaskArguments:
                 raise RecipeError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
         if not 1 <= self.shapes_min_count <= self.shapes_max_count:
             raise RecipeError("shapes_min_count must be >= 1 and <= shapes_max_count")
+        if len(self.sft_targets) != len(self.sft_target_weights):
+            raise RecipeError("sft_targets and sft_target_weights must have the same length")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
 
