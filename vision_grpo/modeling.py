@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ def resolve_model_path(name: str) -> str:
         with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
             if not (target / "config.json").exists():
                 logger.info("building the embedded model %s in %s", name, target)
-                EMBEDDED_MODELS[name](target)
+                _build_embedded(name, target)
         return str(target)
     path = Path(name)
     if name.startswith((".", "/", "~")) and not path.expanduser().exists():
@@ -55,6 +57,19 @@ def resolve_model_path(name: str) -> str:
                 f"use the embedded default `{TINY_MODEL}`"
             )
     return name
+
+
+def _build_embedded(name: str, target: Path) -> None:
+    """Build embedded model `name` into `target`, whichever rank of a multi-process run gets here first.
+
+    transformers 5's `save_pretrained` writes the weights only on rank 0 of an initialised process group; built on
+    another rank, the folder would hold the processor but no model. Such a rank builds in a fresh interpreter.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        code = "import sys; from vision_grpo.modeling import EMBEDDED_MODELS; EMBEDDED_MODELS[sys.argv[1]](sys.argv[2])"
+        subprocess.run([sys.executable, "-c", code, name, str(target)], check=True)
+    else:
+        EMBEDDED_MODELS[name](target)
 
 
 def _dtype(name: str | None) -> Any:

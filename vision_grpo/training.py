@@ -99,11 +99,17 @@ class VisionGRPOTrainer(GRPOTrainer):
 
 
 def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
-    """Move trainable vision-tower parameters into groups whose learning rate is `scale` times the others'."""
+    """Move trainable vision-tower parameters into groups whose learning rate is `scale` times the others'.
+
+    Idempotent: the Trainer may call `create_optimizer` twice for one optimizer (DeepSpeed does), and scaling the
+    vision groups again would give them `scale**2`.
+    """
     vision_ids = {id(p) for n, p in model.named_parameters() if is_vision_parameter(n) and p.requires_grad}
     if not vision_ids:
         raise ValueError("vision_tower: scaled_lr, but the model has no trainable vision-tower parameters")
     for group in list(optimizer.param_groups):
+        if group.get("vision_tower"):
+            continue
         vision = [p for p in group["params"] if id(p) in vision_ids]
         if not vision:
             continue

@@ -1,0 +1,65 @@
+"""`recipes/train.py`, run unchanged, with a callback that records what each process holds after every step.
+
+The entry point takes no callbacks, so this swaps `GracefulStop` (which it always installs) for a subclass that
+keeps its behaviour and records, per process: parameter checksums at the start and after each optimizer step,
+the optimizer's parameter groups (learning rate, which parameters), the distributed set-up, and the logs.
+Usage is the entry point's: `python tests/recording/train_recorded.py --config <recipe> [--key value ...]`.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+from recorder import parameter_checksums, record
+
+from vision_grpo import training
+from vision_grpo.modeling import is_vision_parameter
+
+ENTRY_POINT = Path(__file__).resolve().parents[2] / "recipes" / "train.py"
+
+
+def _param_groups(optimizer, model) -> list[dict]:
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    return [
+        {
+            "lr": group["lr"],
+            "vision_tower": bool(group.get("vision_tower")),
+            "names": sorted(names[id(parameter)] for parameter in group["params"] if id(parameter) in names),
+        }
+        for group in optimizer.param_groups
+    ]
+
+
+class RecordingStop(training.GracefulStop):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        record(
+            "begin",
+            checksums=parameter_checksums(model, is_vision_parameter),
+            trainable=sorted(name for name, parameter in model.named_parameters() if parameter.requires_grad),
+        )
+        return super().on_train_begin(args, state, control, model=model, **kwargs)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        from accelerate import PartialState
+
+        record(
+            "step",
+            step=state.global_step,
+            checksums=parameter_checksums(model, is_vision_parameter),
+            param_groups=_param_groups(optimizer, model),
+            optimizer=type(getattr(optimizer, "optimizer", optimizer)).__name__,
+            distributed_type=str(PartialState().distributed_type),
+            activation_checkpointing=bool(getattr(model, "is_activation_checkpointing", False)),
+        )
+        return super().on_step_end(args, state, control, model=model, optimizer=optimizer, **kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        record("log", step=state.global_step, logs=logs)
+
+
+if __name__ == "__main__":
+    training.GracefulStop = RecordingStop
+    sys.argv = [str(ENTRY_POINT), *sys.argv[1:]]
+    runpy.run_path(str(ENTRY_POINT), run_name="__main__")

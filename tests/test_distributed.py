@@ -1,0 +1,111 @@
+"""Two real processes train the tiny model in lock-step on CPU: plain data parallelism (gloo) and DeepSpeed ZeRO-2,
+each started by `accelerate launch` with a shipped accelerate config, exactly as a user starts a GPU run.
+
+What each process did is recorded from inside the run (tests/recording): the prompts it generated for, and the
+checksums of its weights after every optimizer step.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import REPO, run_script
+from recording.recorder import RECORD_ENV, TINY_RECIPE, read_records, recorded_training_args
+from safetensors.torch import load_file
+
+from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+
+# DeepSpeed JIT-compiles its CPU communication op on first use; a stable folder makes that a one-time cost.
+TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+
+
+def launch_recorded(tmp_path: Path, launch: list[str], *overrides: str) -> tuple[Path, Path]:
+    """`accelerate launch <launch> train_recorded.py ...` on the tiny recipe; returns (run folder, records folder)."""
+    records, run_dir = tmp_path / "records", tmp_path / "runs" / "run"
+    records.mkdir()
+    run_script(
+        ["-m", "accelerate.commands.launch", *launch, *recorded_training_args(run_dir, *overrides)],
+        timeout=900,
+        env={RECORD_ENV: str(records), "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
+    )
+    return run_dir, records
+
+
+def assert_two_processes_in_lock_step(records: Path, distributed_type: str) -> list[dict]:
+    """Both ranks ran every step, generated for different prompts, and hold identical weights that moved."""
+    steps = read_records(records, "step")
+    assert {(s["rank"], s["world_size"]) for s in steps} == {(0, 2), (1, 2)}
+    assert {s["distributed_type"] for s in steps} == {f"DistributedType.{distributed_type}"}
+    for step in (1, 2):
+        at_step = {s["rank"]: s["checksums"]["all"] for s in steps if s["step"] == step}
+        assert set(at_step) == {0, 1}, f"step {step} did not run on both ranks"
+        assert at_step[0] == at_step[1], f"the ranks' weights differ after step {step}"
+    begin = {b["rank"]: b["checksums"] for b in read_records(records, "begin")}
+    assert begin[0] == begin[1], "the ranks started from different weights"
+    last = [s for s in steps if s["step"] == 2][0]["checksums"]
+    assert last["lora"] != begin[0]["lora"], "the adapters did not move: there was no gradient to synchronise"
+    assert_ranks_saw_different_prompts(records)
+    return steps
+
+
+def assert_ranks_saw_different_prompts(records: Path) -> None:
+    rewarded = {rank: [r["ids"] for r in read_records(records, "rewarded") if r["rank"] == rank] for rank in (0, 1)}
+    assert len(rewarded[0]) == len(rewarded[1]) == 2, "each rank scores its own completions once per step"
+    for ids_0, ids_1 in zip(rewarded[0], rewarded[1], strict=True):
+        assert ids_0 and ids_1
+        assert not set(ids_0) & set(ids_1), f"both ranks generated for the same prompts: {ids_0} / {ids_1}"
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_train_in_lock_step_with_the_cpu_config(tmp_path: Path) -> None:
+    run_dir, records = launch_recorded(tmp_path, ["--config_file", "accelerate_configs/cpu.yaml"])
+    assert_two_processes_in_lock_step(records, "MULTI_CPU")
+    assert (run_dir / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_trains_two_cpu_processes(tmp_path: Path) -> None:
+    """The GPU config itself, with the process count and precision a CPU allows; the vision tower's scaled
+    learning rate (the GPU recipe's set-up) must survive DeepSpeed's optimizer wrapping."""
+    launch = ["--config_file", "accelerate_configs/zero2.yaml", "--num_processes", "2", "--mixed_precision", "no"]
+    launch += ["--main_process_port", "0"]
+    run_dir, records = launch_recorded(tmp_path, launch, "--lora_on_vision", "true", "--vision_tower", "scaled_lr")
+    steps = assert_two_processes_in_lock_step(records, "DEEPSPEED")
+    assert {s["optimizer"] for s in steps} == {"DeepSpeedZeroOptimizer"}
+    for step in steps:
+        vision = {g["lr"] for g in step["param_groups"] if g["vision_tower"]}
+        other = {g["lr"] for g in step["param_groups"] if not g["vision_tower"]}
+        assert len(vision) == len(other) == 1
+        assert vision.pop() == pytest.approx(0.1 * other.pop())
+    assert (run_dir / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_trains_two_cpu_processes_and_saves_whole_adapters(tmp_path: Path) -> None:
+    """ZeRO-3 shards the weights themselves, so per-rank checksums prove nothing: the saved adapter must hold
+    whole tensors, and trained ones (LoRA's B matrices start at zero)."""
+    launch = ["--config_file", "accelerate_configs/zero3.yaml", "--num_processes", "2", "--mixed_precision", "no"]
+    run_dir, records = launch_recorded(tmp_path, [*launch, "--main_process_port", "0"])
+    steps = read_records(records, "step")
+    assert {(s["rank"], s["step"]) for s in steps} == {(0, 1), (0, 2), (1, 1), (1, 2)}
+    assert {(s["distributed_type"], s["optimizer"]) for s in steps} == {
+        ("DistributedType.DEEPSPEED", "DeepSpeedZeroOptimizer_Stage3")
+    }
+    assert_ranks_saw_different_prompts(records)
+    lora_r = yaml.safe_load((REPO / TINY_RECIPE).read_text())["lora_r"]
+    adapter = load_file(run_dir / "adapter_model.safetensors")
+    assert adapter and all(lora_r in tensor.shape and tensor.numel() > lora_r for tensor in adapter.values())
+    assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)
+
+
+def test_the_embedded_model_builds_completely_on_a_rank_other_than_zero(tmp_path: Path, monkeypatch) -> None:
+    """Ranks race for the build lock; transformers writes weights only on rank 0, so rank 1 must still build it all."""
+    monkeypatch.setenv("VISION_GRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    built = {path.name for path in Path(resolve_model_path(TINY_MODEL)).iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= built
