@@ -22,7 +22,8 @@ COLORS = {"triangles": ("red", "darkred"), "circles": ("blue", "darkblue"), "squ
 # The seed's size ranges in pixels, the same on every canvas (a shape must stay countable at 14-pixel patches).
 SIZE_RANGES = {"triangles": (15, 35), "circles": (10, 25), "squares": (12, 28)}
 SEED_CANVAS = 256
-MAX_PLACEMENT_TRIES = 500
+MAX_PLACEMENT_TRIES = 200
+MAX_LAYOUT_RESTARTS = 50
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class ShapeTaskSpec:
     canvas: int = SEED_CANVAS
     min_count: int = 1
     max_count: int = 5
+    # One size per shape (the middle of the seed's range) instead of the seed's random sizes: then the count is
+    # proportional to the coloured area, which a tiny CPU model can learn in minutes (the demo's choice).
+    fixed_size: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,20 @@ def _draw(draw: ImageDraw.ImageDraw, shape: str, x: int, y: int, size: int) -> N
         draw.rectangle([(x - size, y - size), (x + size, y + size)], fill=fill, outline=outline)
 
 
-def draw_shapes(counts: dict[str, int], rng: random.Random, canvas: int, allow_overlap: bool) -> Image.Image:
-    """Draw `counts[shape]` of each shape on a white canvas, in the seed's order (triangles, circles, squares)."""
+Placement = tuple[str, int, int, int]  # shape, centre x, centre y, size
+
+
+def _layout(
+    counts: dict[str, int], rng: random.Random, canvas: int, allow_overlap: bool, fixed_size: bool
+) -> list[Placement] | None:
+    """Positions and sizes for every shape, or None when a non-overlapping layout got stuck (caller restarts)."""
     margin = 20
-    image = Image.new("RGB", (canvas, canvas), "white")
-    draw = ImageDraw.Draw(image)
-    placed: list[tuple[int, int, int, int]] = []
+    placements: list[Placement] = []
+    boxes: list[tuple[int, int, int, int]] = []
     for shape in SHAPES:
         low, high = SIZE_RANGES[shape]
+        if fixed_size:
+            low = high = (low + high) // 2
         if counts.get(shape, 0) and canvas < 2 * (high + 2):  # else placement has no room at all
             raise ValueError(f"a {canvas}px canvas is too small for {shape} of up to {high}px; use {2 * (high + 2)}px+")
         for _ in range(counts.get(shape, 0)):
@@ -86,12 +96,33 @@ def draw_shapes(counts: dict[str, int], rng: random.Random, canvas: int, allow_o
                 else:  # keep the whole shape on the canvas and apart from the others
                     x, y = rng.randint(size + 1, canvas - size - 2), rng.randint(size + 1, canvas - size - 2)
                 box = _bbox(shape, x, y, size + 1)
-                if allow_overlap or not _overlaps(box, placed):
+                if allow_overlap or not _overlaps(box, boxes):
                     break
             else:
-                raise ValueError(f"cannot place {counts} without overlap on a {canvas}px canvas; use a larger canvas")
-            placed.append(box)
-            _draw(draw, shape, x, y, size)
+                return None
+            boxes.append(box)
+            placements.append((shape, x, y, size))
+    return placements
+
+
+def draw_shapes(
+    counts: dict[str, int], rng: random.Random, canvas: int, allow_overlap: bool, fixed_size: bool = False
+) -> Image.Image:
+    """Draw `counts[shape]` of each shape on a white canvas, in the seed's order (triangles, circles, squares).
+
+    Without overlap, a layout whose first shapes leave no room for the rest is started again, a bounded number of
+    times, so crowded images are possible but an impossible request fails instead of looping.
+    """
+    for _ in range(MAX_LAYOUT_RESTARTS):
+        placements = _layout(counts, rng, canvas, allow_overlap, fixed_size)
+        if placements is not None:
+            break
+    else:
+        raise ValueError(f"cannot place {counts} without overlap on a {canvas}px canvas; use a larger canvas")
+    image = Image.new("RGB", (canvas, canvas), "white")
+    draw = ImageDraw.Draw(image)
+    for shape, x, y, size in placements:
+        _draw(draw, shape, x, y, size)
     return image
 
 
@@ -104,5 +135,5 @@ def make_example(spec: ShapeTaskSpec, seed: int | str, index: int) -> ShapeExamp
     else:
         counts = {s: 0 for s in SHAPES}
         counts[shape] = rng.randint(spec.min_count, spec.max_count)
-    image = draw_shapes(counts, rng, spec.canvas, allow_overlap=spec.layout == "mixed")
+    image = draw_shapes(counts, rng, spec.canvas, allow_overlap=spec.layout == "mixed", fixed_size=spec.fixed_size)
     return ShapeExample(image=image, shape=shape, answer=counts[shape], ground_truth=counts)
