@@ -105,6 +105,7 @@ def shape_spec(task_args: Any) -> shapes.ShapeTaskSpec:
         canvas=task_args.shapes_canvas,
         min_count=task_args.shapes_min_count,
         max_count=task_args.shapes_max_count,
+        fixed_size=task_args.shapes_fixed_size,
     )
 
 
