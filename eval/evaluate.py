@@ -7,7 +7,8 @@
 The model, prompt, pixel limits and chat-template switches come from the recipe (any key can be overridden on the
 command line), and the examples come from the same `get_dataset` as training: the held-out split (`eval`) of the
 task. Decoding is greedy and batched with left padding. Records are appended to `<output>.partial.jsonl` as they
-finish, so `--resume` continues an interrupted run; the final JSON is written atomically.
+finish (after a header line holding the run's settings), so `--resume` continues an interrupted run with the same
+settings; the final JSON is written atomically.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,8 @@ from tqdm.auto import tqdm
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
-from vision_grpo.data import get_dataset
-from vision_grpo.eval.adapters import load_verified_adapter
+from vision_grpo.data import get_dataset, shape_spec
+from vision_grpo.eval.adapters import adapter_base_model, check_adapter_dir, load_verified_adapter
 from vision_grpo.eval.scoring import SCORERS, summarize
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
@@ -37,6 +39,10 @@ from vision_grpo.training import fill_image
 logger = logging.getLogger("vision_grpo.evaluate")
 IMAGE_CONTROLS = ("none", "blank", "shuffled")
 TIMING_KEYS = ("samples_per_s", "total_seconds")
+SEED = 42
+GEOQA_MAX_NEW_TOKENS = 1024  # the seed's evaluation limit
+# Settings an interrupted run may be resumed with changed: they do not change any record.
+RESUME_FREE_KEYS = ("argv", "batch_size")
 
 
 @dataclass
@@ -56,6 +62,14 @@ class EvalArguments:
         default="none", metadata={"help": "`none`, `blank` (white canvas) or `shuffled` (another item's image)."}
     )
 
+    def __post_init__(self) -> None:
+        if self.image_control not in IMAGE_CONTROLS:
+            raise ValueError(f"image_control must be one of {IMAGE_CONTROLS}, got {self.image_control!r}")
+        for name in ("batch_size", "max_new_tokens", "limit"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+
 
 class Evaluator:
     """Greedy batched generation over prompts built by the training code, scored per example."""
@@ -70,9 +84,12 @@ class Evaluator:
         self.eos_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
         self.eos_ids |= set(_as_list(model.generation_config.eos_token_id))
 
-    @torch.inference_mode()
-    def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
-        """Completions for `rows` with `images` in their image slots: text, token count, whether cut off."""
+    def encode(self, rows: list[dict[str, Any]], images: list[Image.Image]) -> Any:
+        """Model inputs for `rows` with `images` in their image slots, padded on the processor's side (left).
+
+        Padding goes to the processor through `processor_kwargs`; the chat-template switches stay keyword arguments,
+        which is where transformers looks for template variables.
+        """
         conversations = [fill_image(row["prompt"], image) for row, image in zip(rows, images, strict=True)]
         inputs = self.processor.apply_chat_template(
             conversations,
@@ -80,10 +97,16 @@ class Evaluator:
             tokenize=True,
             return_dict=True,
             return_tensors="pt",
-            padding=True,
+            processor_kwargs={"padding": True},
             **self.chat_template_kwargs,
-        ).to(self.model.device)
+        )
         inputs.pop("mm_token_type_ids", None)
+        return inputs.to(self.model.device)
+
+    @torch.inference_mode()
+    def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
+        """Completions for `rows` with `images` in their image slots: text, token count, whether cut off."""
+        inputs = self.encode(rows, images)
         output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         results = []
         for ids in output[:, inputs["input_ids"].shape[1] :].tolist():
@@ -135,6 +158,52 @@ def control_images(dataset: Any, control: str) -> list[Image.Image]:
     return images
 
 
+def partial_path(output: Path) -> Path:
+    """Where records go while a run is in progress: `<output>.partial.jsonl`."""
+    return output.with_name(output.name + ".partial.jsonl")
+
+
+def _json_safe(content: dict[str, Any]) -> dict[str, Any]:
+    """`content` as it reads back from JSON (tuples become lists), so a header compares equal to its source."""
+    return json.loads(json.dumps(content, ensure_ascii=False))
+
+
+def read_partial(partial: Path, metadata: dict[str, Any]) -> dict[str, dict]:
+    """The records of an interrupted run, by id; refused if that run had other settings.
+
+    A line cut by a kill is incomplete JSON: it is dropped, and its example is evaluated again.
+    """
+    entries = []
+    for line in partial.read_text(encoding="utf-8").splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if not entries:
+        return {}
+    header, *records = entries
+    if "metadata" not in header:
+        raise ValueError(f"{partial} does not start with the settings header of an evaluation; delete it")
+    current = _json_safe(metadata)
+    differing = sorted(
+        key
+        for key in set(header["metadata"]) | set(current)
+        if key not in RESUME_FREE_KEYS and header["metadata"].get(key) != current.get(key)
+    )
+    if differing:
+        raise ValueError(
+            f"cannot resume: {partial} was written with other settings ({', '.join(differing)}); "
+            "run without --resume to start over"
+        )
+    return {record["id"]: record for record in records}
+
+
+def write_partial(partial: Path, metadata: dict[str, Any], records: Iterable[dict[str, Any]]) -> None:
+    """Start the partial file: the settings header, then `records` (those kept from an interrupted run)."""
+    lines = [{"metadata": metadata}, *records]
+    write_text_atomic(partial, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+
+
 def run_evaluation(
     evaluator: Evaluator,
     dataset: Any,
@@ -143,26 +212,23 @@ def run_evaluation(
     metadata: dict[str, Any],
 ) -> dict[str, Any]:
     """Evaluate `dataset`, appending records to the partial file; write and return the final result."""
+    ids = list(dataset["id"])
+    if len(set(ids)) != len(ids):
+        raise ValueError("the dataset has duplicate ids: records could not be told apart or resumed")
     output = Path(eval_args.output)
-    if not output.parent.is_dir():
-        raise FileNotFoundError(f"output folder {output.parent} does not exist")
-    partial = output.with_name(output.name + ".partial.jsonl")
+    partial = partial_path(output)
     done: dict[str, dict] = {}
     if eval_args.resume and partial.exists():
-        for line in partial.read_text(encoding="utf-8").splitlines():
-            if line.strip():  # a line cut by a kill is incomplete JSON: dropped and redone
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                done[record["id"]] = record
-        logger.info("resuming: %d of %d examples already done", len(done), len(dataset))
-    elif partial.exists():
-        partial.unlink()
+        wanted = set(ids)  # a run resumed with a smaller --limit keeps only its own examples
+        done = {row_id: record for row_id, record in read_partial(partial, metadata).items() if row_id in wanted}
+        logger.info("resuming: %d of %d examples already done", len(done), len(ids))
+    elif eval_args.resume:
+        logger.info("nothing to resume (%s does not exist): starting from the first example", partial)
+    write_partial(partial, metadata, done.values())
     images = control_images(dataset, eval_args.image_control)
-    todo = [i for i in range(len(dataset)) if dataset[i]["id"] not in done]
+    todo = [i for i, row_id in enumerate(ids) if row_id not in done]
     start = time.perf_counter()
-    with partial.open("a", encoding="utf-8") as sink, tqdm(total=len(dataset), initial=len(done), desc="eval") as bar:
+    with partial.open("a", encoding="utf-8") as sink, tqdm(total=len(ids), initial=len(done), desc="eval") as bar:
         for first in range(0, len(todo), eval_args.batch_size):
             batch = todo[first : first + eval_args.batch_size]
             rows = [dataset[i] for i in batch]
@@ -174,7 +240,8 @@ def run_evaluation(
             sink.flush()
             bar.update(len(batch))
     seconds = time.perf_counter() - start
-    records = [done[row_id] for row_id in dataset["id"]]
+    # Records go through JSON first, so a resumed run's records and a fresh run's are the same values.
+    records = [_json_safe(done[row_id]) for row_id in ids]
     summary = summarize(records)
     summary["total_seconds"] = seconds
     summary["samples_per_s"] = len(todo) / seconds if seconds > 0 and todo else None
@@ -184,11 +251,16 @@ def run_evaluation(
     return result
 
 
-def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
-    """Write `content` through a temporary file and rename: the final name never holds a partial file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file and rename: the final name never holds a partial file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
+    """`content` as indented JSON, written atomically."""
+    write_text_atomic(path, json.dumps(content, indent=1, ensure_ascii=False))
 
 
 def build_evaluator(task_args: TaskArguments, train_args: Any, model_args: ModelConfig, eval_args: EvalArguments):
@@ -203,32 +275,75 @@ def build_evaluator(task_args: TaskArguments, train_args: Any, model_args: Model
     return evaluator, processor
 
 
+def default_max_new_tokens(task_args: TaskArguments, train_args: Any) -> int:
+    """GeoQA: the seed's 1,024 tokens; shapes: the recipe's training completion length."""
+    return GEOQA_MAX_NEW_TOKENS if task_args.task == "geoqa" else train_args.max_completion_length
+
+
+def describe_dataset(task_args: TaskArguments) -> dict[str, Any]:
+    """What identifies the evaluated examples: the generator and seed, or the GeoQA source and revision."""
+    if task_args.task == "shapes":
+        return {
+            "generator": asdict(shape_spec(task_args)),
+            "seed": task_args.shapes_eval_seed,
+            "size": task_args.shapes_eval_size,
+        }
+    return {
+        "name": task_args.dataset_name,
+        "revision": task_args.dataset_revision,
+        "test_rows": task_args.geoqa_test_rows,
+        "prompt_language": task_args.prompt_language,
+    }
+
+
+def reproducible_argv(argv: list[str]) -> list[str]:
+    """The arguments without `--resume [true|false]`: resuming changes how a file is made, not what it holds."""
+    kept: list[str] = []
+    after_resume = False
+    for arg in argv:
+        if after_resume and arg.lower() in ("true", "false", "yes", "no", "1", "0"):
+            after_resume = False
+            continue
+        after_resume = arg == "--resume"
+        if not (after_resume or arg.startswith("--resume=")):
+            kept.append(arg)
+    return kept
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     task_args, train_args, model_args, eval_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv
     )
-    if eval_args.image_control not in IMAGE_CONTROLS:
-        raise ValueError(f"image_control must be one of {IMAGE_CONTROLS}, got {eval_args.image_control!r}")
-    torch.manual_seed(42)
+    # Fail on paths before the (possibly large) model is loaded.
+    output = Path(eval_args.output)
+    if not output.parent.is_dir():
+        raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
+    if eval_args.adapter:
+        check_adapter_dir(eval_args.adapter)
+    torch.manual_seed(SEED)
     evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
     dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
     if eval_args.limit:
         dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
-    default_tokens = 1024 if task_args.task == "geoqa" else train_args.max_completion_length
-    max_new_tokens = eval_args.max_new_tokens or default_tokens
+    max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)
     metadata = {
         "recipe": recipe_path_of(argv),
-        "argv": argv,
+        "argv": reproducible_argv(argv),
         "task": task_args.task,
         "model": model_args.model_name_or_path,
         "adapter": eval_args.adapter,
-        "dataset": task_args.dataset_name if task_args.task == "geoqa" else asdict(task_args),
+        "adapter_base": adapter_base_model(eval_args.adapter) if eval_args.adapter else None,
+        "merged": eval_args.merge_adapter and eval_args.adapter is not None,
+        "dataset": describe_dataset(task_args),
         "dataset_revision": task_args.dataset_revision,
+        "max_pixels": max_pixels_of(processor),
+        "chat_template_kwargs": train_args.chat_template_kwargs or {},
         "image_control": eval_args.image_control,
         "max_new_tokens": max_new_tokens,
         "batch_size": eval_args.batch_size,
         "decoding": "greedy",
+        "seed": SEED,
         "packages": package_versions(),
     }
     return run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
@@ -236,5 +351,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    result = main()
-    print(json.dumps({k: v for k, v in result["summary"].items()}, indent=1, ensure_ascii=False))
+    print(json.dumps(main()["summary"], indent=1, ensure_ascii=False))

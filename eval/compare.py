@@ -1,0 +1,290 @@
+"""Compare evaluation results of the same items: a markdown table, paired significance tests and a bar chart.
+
+    python eval/compare.py results/base.json results/step100.json --plot results/compare.png
+
+Each argument is a JSON file written by `eval/evaluate.py`. The first file is the reference: the table gives every
+run's change against it in percentage points, and McNemar's exact test says whether the accuracy difference on
+the same items could be chance. A run with `--image_control blank|shuffled` is paired with the run on real images
+of the same model and adapter, and the accuracy drop is reported (a model that ignores the image shows none).
+Files of different item sets (other ids, or other gold answers for the same ids) are refused. Headless
+(matplotlib's `Figure`, no pyplot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+NONE = "–"
+# What makes two runs "the same model" for the grounding check: everything but the images shown.
+GROUNDING_KEYS = ("model", "adapter", "max_new_tokens")
+
+
+class ResultError(ValueError):
+    """Result files that cannot be compared: unreadable, not evaluation results, or of different items."""
+
+
+class ItemMismatch(ResultError):
+    """Result files that do not hold the same items, so their accuracies cannot be compared pairwise."""
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A result file of `eval/evaluate.py`; a clear error for anything else (e.g. a `.partial.jsonl`)."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ResultError(f"cannot read result file {path}: {error}") from error
+    if not isinstance(result, dict) or not {"summary", "records"} <= result.keys():
+        raise ResultError(f"{path} is not an evaluation result (it needs `summary` and `records`)")
+    return result
+
+
+def check_same_items(results: list[dict[str, Any]], names: list[str]) -> None:
+    """Refuse results whose items differ from the first's: other ids, or other gold answers under the same ids."""
+    reference = {r["id"]: r["gold"] for r in results[0]["records"]}
+    for result, name in zip(results[1:], names[1:], strict=True):
+        gold = {r["id"]: r["gold"] for r in result["records"]}
+        only_first = sorted(reference.keys() - gold.keys())
+        only_this = sorted(gold.keys() - reference.keys())
+        if only_first or only_this:
+            raise ItemMismatch(
+                f"{names[0]} and {name} hold different items: {len(only_first)} only in {names[0]} "
+                f"(e.g. {only_first[:3]}), {len(only_this)} only in {name} (e.g. {only_this[:3]})"
+            )
+        changed = sorted(i for i in reference if reference[i] != gold[i])
+        if changed:
+            example = changed[0]
+            raise ItemMismatch(
+                f"{names[0]} and {name} have the same ids but {len(changed)} different gold answers "
+                f"(e.g. {example}: {reference[example]!r} vs {gold[example]!r}): they come from different data"
+            )
+
+
+def exact_binomial_p(b: int, c: int) -> float:
+    """Two-sided exact p-value of `b` vs `c` under Binomial(b + c, 1/2): McNemar's exact test."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1))
+    return min(1.0, 2 * tail / 2**n)  # integer arithmetic: exact for any n
+
+
+def mcnemar_exact(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]]) -> dict[str, Any]:
+    """Paired accuracy test of two runs over the same items.
+
+    `b`: items only run A got right; `c`: items only run B got right; `p_value`: exact two-sided test that A and B
+    are equally accurate. Items both got right or both got wrong carry no information about the difference.
+    """
+    a = {r["id"]: bool(r["correct"]) for r in records_a}
+    b = {r["id"]: bool(r["correct"]) for r in records_b}
+    if a.keys() != b.keys() or len(a) != len(records_a) or len(b) != len(records_b):
+        raise ItemMismatch("McNemar's test needs the same items, each once, in both runs")
+    only_a = sum(1 for i in a if a[i] and not b[i])
+    only_b = sum(1 for i in a if b[i] and not a[i])
+    return {"b": only_a, "c": only_b, "p_value": exact_binomial_p(only_a, only_b)}
+
+
+def _percent(value: float | None) -> str:
+    return NONE if value is None else f"{100 * value:.1f}%"
+
+
+def _points(value: float | None, reference: float | None) -> str:
+    return NONE if value is None or reference is None else f"{100 * (value - reference):+.1f}"
+
+
+def _number(value: float | None, digits: int = 1, unit: str = "") -> str:
+    return NONE if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _reward(value: float | None) -> str:
+    return _number(value, 3)
+
+
+def _p_value(p: float) -> str:
+    return f"{p:.3g}"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def _conditional(records: list[dict[str, Any]]) -> str:
+    """Correct among formatted answers, with its counts (the seed writes 71 / 75 = 94.7%)."""
+    formatted = [r for r in records if r["prediction"] is not None]
+    if not formatted:
+        return NONE
+    correct = sum(1 for r in formatted if r["correct"])
+    return f"{correct}/{len(formatted)} = {100 * correct / len(formatted):.1f}%"
+
+
+def comparison_table(results: list[dict[str, Any]], names: list[str]) -> str:
+    """The seed's table, extended: accuracy, format rate and their change against the first run, accuracy among
+    formatted answers, unparsed answers (how many hit the token limit), mean tokens, speed and time. Refuses
+    results of different items (`ItemMismatch`)."""
+    check_same_items(results, names)
+    lenient = all("lenient_accuracy" in result["summary"] for result in results)
+    header = ["Run", "n", "Accuracy", "Δ acc. (pp)"]
+    header += ["Lenient acc."] if lenient else []
+    header += ["Format rate", "Δ format (pp)", "Acc. among formatted", "Unparsed (hit limit)"]
+    header += ["Mean tokens (all / formatted)", "Samples/s", "Total time"]
+    first = results[0]["summary"]
+    rows = []
+    for result, name in zip(results, names, strict=True):
+        s = result["summary"]
+        row = [name, str(s["n"]), _percent(s["accuracy"]), _points(s["accuracy"], first["accuracy"])]
+        row += [_percent(s["lenient_accuracy"])] if lenient else []
+        row += [
+            _percent(s["format_rate"]),
+            _points(s["format_rate"], first["format_rate"]),
+            _conditional(result["records"]),
+            f"{s['unparsed']} ({s['unparsed_hit_limit']})",
+            f"{_number(s['mean_completion_tokens'])} / {_number(s['mean_completion_tokens_formatted'])}",
+            _number(s.get("samples_per_s"), 2),
+            _number(s.get("total_seconds"), 1, " s"),
+        ]
+        rows.append(row)
+    return _markdown(header, rows)
+
+
+def significance_table(results: list[dict[str, Any]], names: list[str]) -> str:
+    """McNemar's exact test of every run against the first."""
+    rows = []
+    for result, name in zip(results[1:], names[1:], strict=True):
+        test = mcnemar_exact(results[0]["records"], result["records"])
+        rows.append([name, str(test["b"]), str(test["c"]), _p_value(test["p_value"])])
+    header = ["Run", f"only {names[0]} right", "only this run right", "p (McNemar, exact)"]
+    return _markdown(header, rows)
+
+
+def _matches(control: dict[str, Any], real: dict[str, Any]) -> bool:
+    return real.get("image_control", "none") == "none" and all(
+        control.get(key) == real.get(key) for key in GROUNDING_KEYS
+    )
+
+
+def grounding_table(results: list[dict[str, Any]], names: list[str]) -> str | None:
+    """Accuracy on real images against the same model's accuracy with blank or shuffled images; None if no run
+    is a control run."""
+    rows = []
+    for control, control_name in zip(results, names, strict=True):
+        kind = control.get("metadata", {}).get("image_control", "none")
+        if kind == "none":
+            continue
+        pairs = [(r, n) for r, n in zip(results, names, strict=True) if _matches(control["metadata"], r["metadata"])]
+        if not pairs:
+            rows.append([control_name, kind, NONE, NONE, _percent(control["summary"]["accuracy"]), NONE, NONE])
+            continue
+        real, real_name = pairs[0]
+        test = mcnemar_exact(real["records"], control["records"])
+        drop = _points(real["summary"]["accuracy"], control["summary"]["accuracy"])
+        rows.append(
+            [
+                control_name,
+                kind,
+                real_name,
+                _percent(real["summary"]["accuracy"]),
+                _percent(control["summary"]["accuracy"]),
+                drop,
+                _p_value(test["p_value"]),
+            ]
+        )
+    if not rows:
+        return None
+    header = ["Control run", "Images", "Real-image run", "Accuracy (real)", "Accuracy (control)", "Drop (pp)", "p"]
+    return _markdown(header, rows)
+
+
+def _natural(entry: str) -> tuple[int, int, str]:
+    """Counts in numeric order (2 before 10), names alphabetically."""
+    return (0, int(entry), "") if entry.isdigit() else (1, 0, entry)
+
+
+def mapping_table(
+    results: list[dict[str, Any]], names: list[str], key: str, label: str, show: Callable[[Any], str]
+) -> str | None:
+    """One row per entry of the summary's mapping `key` (e.g. accuracy per shape), one column per run."""
+    mappings = [result["summary"].get(key) or {} for result in results]
+    entries = sorted({entry for mapping in mappings for entry in mapping}, key=_natural)
+    if not entries:
+        return None
+    rows = [[entry, *(show(mapping.get(entry)) for mapping in mappings)] for entry in entries]
+    return _markdown([label, *names], rows)
+
+
+def report(results: list[dict[str, Any]], names: list[str]) -> str:
+    """Every section that applies to these results, as one markdown document (the first checks the items)."""
+    sections = [("Evaluation comparison", comparison_table(results, names))]
+    sections.append((f"Paired test against {names[0]}", significance_table(results, names)))
+    sections.append(("Grounding check", grounding_table(results, names)))
+    sections.append(("Accuracy by shape", mapping_table(results, names, "accuracy_by_shape", "shape", _percent)))
+    sections.append(("Accuracy by true count", mapping_table(results, names, "accuracy_by_count", "count", _percent)))
+    sections.append(("Mean reward parts", mapping_table(results, names, "rewards", "reward", _reward)))
+    return "\n".join(f"## {title}\n\n{table}" for title, table in sections if table)
+
+
+def plot_comparison(results: list[dict[str, Any]], names: list[str], path: str | Path) -> Figure:
+    """Grouped bars of accuracy and format rate per run, read from the result files; saved as a PNG at `path`."""
+    metrics = [("accuracy", "accuracy"), ("format_rate", "format rate")]
+    width = 0.8 / len(metrics)
+    figure = Figure(figsize=(max(4.5, 1.6 * len(results) + 1.5), 3.6))
+    axis = figure.subplots()
+    for offset, (key, label) in enumerate(metrics):
+        heights = [100 * (result["summary"][key] or 0.0) for result in results]
+        positions = [i + (offset - (len(metrics) - 1) / 2) * width for i in range(len(results))]
+        bars = axis.bar(positions, heights, width, label=label)
+        axis.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
+    axis.set_xticks(range(len(results)), names, fontsize=9)
+    axis.set_ylabel("% of items")
+    axis.set_ylim(0, 125)  # room for the legend above a 100% bar
+    axis.set_yticks(range(0, 101, 20))
+    axis.set_title(f"n = {results[0]['summary']['n']} items", fontsize=10)
+    axis.legend(loc="upper left", fontsize=8, frameon=False, ncol=len(metrics))
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return figure
+
+
+def default_names(paths: list[Path]) -> list[str]:
+    """File stems (`base`, `step100`); whole paths when two stems coincide."""
+    stems = [path.stem for path in paths]
+    return stems if len(set(stems)) == len(stems) else [str(path) for path in paths]
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", help="Result JSON files of eval/evaluate.py; the first is the reference.")
+    parser.add_argument("--names", nargs="+", help="One label per file (default: the file names).")
+    parser.add_argument("--plot", help="Write a PNG bar chart of accuracy and format rate here.")
+    parser.add_argument("--output", help="Also write the markdown report to this file.")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if len(args.results) < 2:
+        parser.error("give two or more result files")
+    paths = [Path(p) for p in args.results]
+    names = args.names or default_names(paths)
+    if len(names) != len(paths):
+        parser.error(f"--names has {len(names)} labels for {len(paths)} files")
+    results = [load_result(path) for path in paths]
+    markdown = report(results, names)
+    if args.output:
+        Path(args.output).write_text(markdown, encoding="utf-8")
+    if args.plot:
+        plot_comparison(results, names, args.plot)
+    print(markdown)
+    return markdown
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ResultError as error:  # unreadable files, different items: the message says it all
+        sys.exit(f"error: {error}")

@@ -1,0 +1,417 @@
+"""`eval/evaluate.py` end to end on the tiny model: an adapter from a real two-step training run evaluated on
+held-out shapes, out-of-distribution shapes and the GeoQA fixture; every field of the result file and the summary
+recomputed from the records; refused adapters; batch-size invariance; resuming after a real SIGKILL.
+
+Two models are used. The embedded tiny model (random weights) answers every prompt with the same newlines, so
+tests whose point is that outputs do not change (batch size, resume) use a copy whose language weights are redrawn
+larger (`varied_model`): its greedy outputs differ from prompt to prompt, so a swapped or changed answer shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_script
+from peft import LoraConfig, get_peft_model
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from transformers import Qwen2_5_VLForConditionalGeneration
+from trl import GRPOConfig, ModelConfig
+
+from vision_grpo.config import TaskArguments, parse_recipe
+from vision_grpo.data import get_dataset
+from vision_grpo.data.geoqa_fixture import write_fixture
+from vision_grpo.eval import evaluate
+from vision_grpo.eval.adapters import AdapterMismatch, load_verified_adapter
+from vision_grpo.eval.evaluate import (
+    TIMING_KEYS,
+    EvalArguments,
+    Evaluator,
+    control_images,
+    default_max_new_tokens,
+    partial_path,
+    reproducible_argv,
+)
+from vision_grpo.eval.scoring import summarize
+from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
+from vision_grpo.tiny_model import build_config, build_tokenizer
+
+RECIPE_CLASSES = (TaskArguments, GRPOConfig, ModelConfig, EvalArguments)
+SHAPES_RECIPE = "recipes/shapes/tiny_cpu.yaml"
+GEOQA_RECIPE = "recipes/geoqa/tiny_cpu.yaml"
+SHAPING_PLUGIN = '''
+from vision_grpo.rewards import completion_texts, reward
+
+
+@reward()
+def eval_length_shaping(completions, **kwargs):
+    """Test only: longer completions score more, so rewards vary within a group and the LoRA weights move."""
+    return [len(text) / 10 for text in completion_texts(completions)]
+'''
+RECORD_KEYS = {"id", "gold", "prediction", "correct", "completion_tokens", "hit_limit", "text", "rewards"}
+SUMMARY_KEYS = {
+    "n",
+    "accuracy",
+    "format_rate",
+    "conditional_accuracy",
+    "unparsed",
+    "unparsed_hit_limit",
+    "mean_completion_tokens",
+    "mean_completion_tokens_formatted",
+    "samples_per_s",
+    "total_seconds",
+    "rewards",
+}
+METADATA_KEYS = {"model", "adapter", "recipe", "dataset", "dataset_revision", "packages", "max_new_tokens", "seed"}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA run of two GRPO steps through the real entry point: the final folder, with `checkpoint-2` inside."""
+    root = tmp_path_factory.mktemp("trained")
+    (root / "plugins").mkdir()
+    (root / "plugins" / "shaping.py").write_text(SHAPING_PLUGIN)
+    overrides = {
+        "--output_dir": str(root / "runs"),
+        "--run_name": "lora",
+        "--max_steps": "2",
+        "--save_steps": "2",
+        "--shapes_train_size": "8",
+        "--per_device_train_batch_size": "4",
+        "--num_generations": "4",
+        "--max_completion_length": "8",
+        "--token_check_samples": "4",
+        "--report_to": "none",
+        "--reward_dirs": str(root / "plugins"),
+    }
+    rewards = ["--reward_funcs", "count_correct", "eval_length_shaping", "--reward_weights", "1", "1"]
+    run_script(["recipes/train.py", "--config", SHAPES_RECIPE, *(x for kv in overrides.items() for x in kv), *rewards])
+    return root / "runs" / "lora"
+
+
+@pytest.fixture(scope="module")
+def varied_model(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its language weights redrawn (std 0.1, fixed seed): input-dependent greedy outputs."""
+    path = tmp_path_factory.mktemp("varied") / "model"
+    shutil.copytree(tiny_model_path, path)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 and not is_vision_parameter(name):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def geoqa_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fixture(tmp_path_factory.mktemp("geoqa") / "geoqa.parquet", train_rows=8)
+
+
+def load_tiny() -> torch.nn.Module:
+    return load_model(ModelConfig(model_name_or_path=TINY_MODEL, dtype="float32"))
+
+
+def evaluate_to(output: Path, *args: str) -> dict:
+    """Run the evaluator in this process (as the command line does) and return the file it wrote."""
+    evaluate.main([*args, "--output", str(output)])
+    assert not partial_path(output).exists(), "the partial file outlived a finished run"
+    return json.loads(output.read_text(encoding="utf-8"))
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def check_summary_from_records(result: dict) -> None:
+    """Every summary number, counted again from the records by hand."""
+    records, summary = result["records"], result["summary"]
+    assert summary.keys() >= SUMMARY_KEYS and all(r.keys() >= RECORD_KEYS for r in records)
+    assert len({r["id"] for r in records}) == len(records) == summary["n"]
+    formatted = [r for r in records if r["prediction"] is not None]
+    for r in records:
+        assert r["correct"] == (r["prediction"] == r["gold"])
+        assert r["completion_tokens"] <= result["metadata"]["max_new_tokens"]
+        assert not r["hit_limit"] or r["completion_tokens"] == result["metadata"]["max_new_tokens"]
+    assert summary["accuracy"] == sum(r["correct"] for r in records) / len(records)
+    assert summary["format_rate"] == len(formatted) / len(records)
+    assert summary["conditional_accuracy"] == mean([float(r["correct"]) for r in formatted])
+    assert summary["unparsed"] == len(records) - len(formatted)
+    assert summary["unparsed_hit_limit"] == sum(r["hit_limit"] for r in records if r["prediction"] is None)
+    assert summary["mean_completion_tokens"] == mean([r["completion_tokens"] for r in records])
+    assert summary["mean_completion_tokens_formatted"] == mean([r["completion_tokens"] for r in formatted])
+    for name, value in summary["rewards"].items():  # a reward part may abstain (None) on an example
+        assert value == pytest.approx(mean([r["rewards"][name] for r in records if r["rewards"][name] is not None]))
+    assert summary["total_seconds"] > 0 and summary["samples_per_s"] == pytest.approx(
+        len(records) / summary["total_seconds"]
+    )
+    # And the library function agrees with the file on everything but time.
+    recomputed = summarize(records)
+    assert {k: v for k, v in summary.items() if k not in TIMING_KEYS} == recomputed
+
+
+def test_summary_counts_on_chosen_records() -> None:
+    def record(i: int, prediction: str | None, gold: str, tokens: int, hit: bool) -> dict:
+        return {"id": str(i), "gold": gold, "prediction": prediction, "correct": prediction == gold,
+                "completion_tokens": tokens, "hit_limit": hit, "text": f"t{i}", "rewards": {"r": float(i)}}  # fmt: skip
+
+    records = [record(0, "A", "A", 10, False), record(1, "B", "A", 20, False), record(2, None, "C", 64, True)]
+    records.append(record(3, None, "D", 30, False))
+    summary = summarize(records)
+    assert (summary["n"], summary["accuracy"], summary["format_rate"]) == (4, 0.25, 0.5)
+    assert (summary["conditional_accuracy"], summary["unparsed"], summary["unparsed_hit_limit"]) == (0.5, 2, 1)
+    assert (summary["mean_completion_tokens"], summary["mean_completion_tokens_formatted"]) == (31.0, 15.0)
+    assert summary["rewards"] == {"r": 1.5}
+
+
+@pytest.mark.slow
+def test_adapter_on_held_out_shapes_and_blank_control(trained_run: Path, tmp_path: Path) -> None:
+    args = ["--config", SHAPES_RECIPE, "--adapter", str(trained_run / "checkpoint-2"), "--limit", "12"]
+    result = evaluate_to(tmp_path / "shapes.json", *args, "--batch_size", "4")
+    check_summary_from_records(result)
+    metadata = result["metadata"]
+    assert metadata.keys() >= METADATA_KEYS and metadata["recipe"] == SHAPES_RECIPE
+    assert metadata["adapter"].endswith("checkpoint-2") and metadata["adapter_base"]
+    assert metadata["max_new_tokens"] == 24  # the recipe's max_completion_length
+    assert metadata["dataset"]["seed"] == 2 and metadata["packages"]["transformers"]
+    summary = result["summary"]
+    assert set(summary["rewards"]) == {"count_correct", "count_description", "count_reasoning", "count_format"}
+    shapes = {r["shape"] for r in result["records"]}
+    counts = {r["gold"] for r in result["records"]}
+    assert set(summary["accuracy_by_shape"]) == shapes and set(summary["accuracy_by_count"]) == counts
+    for shape, accuracy in summary["accuracy_by_shape"].items():
+        assert accuracy == mean([float(r["correct"]) for r in result["records"] if r["shape"] == shape])
+
+    blank = evaluate_to(tmp_path / "blank.json", *args, "--batch_size", "4", "--image_control", "blank")
+    assert [r["id"] for r in blank["records"]] == [r["id"] for r in result["records"]]
+    assert blank["metadata"]["image_control"] == "blank"
+    check_summary_from_records(blank)
+
+
+@pytest.mark.slow
+def test_out_of_distribution_counts(varied_model: Path, tmp_path: Path) -> None:
+    ood = ["--shapes_min_count", "6", "--shapes_max_count", "7", "--shapes_canvas", "256"]
+    args = ["--config", SHAPES_RECIPE, "--model_name_or_path", str(varied_model), *ood, "--limit", "8"]
+    result = evaluate_to(tmp_path / "ood.json", *args, "--max_new_tokens", "8")
+    assert {r["gold"] for r in result["records"]} <= {"6", "7"}
+    assert set(result["summary"]["accuracy_by_count"]) <= {"6", "7"}
+    generator = result["metadata"]["dataset"]["generator"]
+    assert (generator["min_count"], generator["max_count"], generator["canvas"]) == (6, 7, 256)
+    check_summary_from_records(result)
+
+
+@pytest.mark.slow
+def test_final_adapter_folder_on_the_geoqa_fixture(trained_run: Path, geoqa_fixture: Path, tmp_path: Path) -> None:
+    args = ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture), "--adapter", str(trained_run)]
+    result = evaluate_to(tmp_path / "geoqa.json", *args, "--limit", "6", "--max_new_tokens", "8", "--merge_adapter")
+    check_summary_from_records(result)
+    assert {r["gold"] for r in result["records"]} <= set("ABCD")
+    assert result["metadata"]["dataset"]["name"] == str(geoqa_fixture) and result["metadata"]["merged"]
+    assert "dataset_revision" in result["metadata"]
+    assert set(result["summary"]["rewards"]) == {"boxed_option", "boxed_option_format"}
+
+
+def test_geoqa_default_token_limit_is_the_seeds() -> None:
+    task, train, _, _ = parse_recipe(RECIPE_CLASSES, ["--config", GEOQA_RECIPE])
+    assert default_max_new_tokens(task, train) == 1024
+
+
+@pytest.mark.slow
+def test_checkpoint_and_final_folders_attach_and_merge(trained_run: Path) -> None:
+    base = load_tiny()
+    processor = get_processor(ModelConfig(model_name_or_path=TINY_MODEL), TaskArguments())
+    image = Image.new("RGB", (140, 140), "white")
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many circles?"}]}]
+    inputs = Evaluator(base, processor, "shapes", [], {}).encode([{"prompt": prompt}], [image])
+
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(**inputs).logits
+
+    base_logits = logits(base)
+    checkpoint = logits(load_verified_adapter(load_tiny(), trained_run / "checkpoint-2"))
+    final = logits(load_verified_adapter(load_tiny(), trained_run))
+    merged = logits(load_verified_adapter(load_tiny(), trained_run, merge=True))
+    assert not torch.allclose(checkpoint, base_logits, atol=1e-4), "the adapter did not change the model"
+    assert torch.equal(checkpoint, final)  # the run ended at step 2: the same weights
+    torch.testing.assert_close(merged, checkpoint, atol=1e-5, rtol=1e-4)
+
+
+def _tampered(trained_run: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "renamed"
+    folder.mkdir()
+    shutil.copy(trained_run / "adapter_config.json", folder)
+    weights = load_file(str(trained_run / "adapter_model.safetensors"))
+    renamed = {key.replace("layers.1.", "blocks.1."): value for key, value in weights.items()}
+    save_file(renamed, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+@pytest.mark.slow
+def test_renamed_adapter_keys_are_refused_by_name(trained_run: Path, tmp_path: Path) -> None:
+    with pytest.raises(AdapterMismatch, match=r"14 of 28 adapter weights .* did not attach.*blocks\.1\."):
+        load_verified_adapter(load_tiny(), _tampered(trained_run, tmp_path))
+
+
+def test_adapter_of_a_base_with_other_dimensions_is_refused(tmp_path: Path) -> None:
+    config = build_config(build_tokenizer())
+    config.text_config.hidden_size = config.vision_config.out_hidden_size = 64
+    other = get_peft_model(Qwen2_5_VLForConditionalGeneration(config), LoraConfig(r=4, target_modules=["q_proj"]))
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(AdapterMismatch, match=r"does not fit the base model .*size mismatch"):
+        load_verified_adapter(load_tiny(), tmp_path / "other")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        (["adapter_config.json"], "has no adapter_model.safetensors"),
+        (["adapter_model.safetensors", "trainer_state.json"], "has no adapter_config.json"),
+        ([], "has no adapter_config.json and no adapter_model.safetensors"),
+    ],
+    ids=["no-weights", "checkpoint-without-config", "empty"],
+)
+def test_incomplete_adapter_folders_are_refused_before_loading(
+    trained_run: Path, tmp_path: Path, keep: list[str], message: str
+) -> None:
+    folder = tmp_path / "checkpoint-2"
+    folder.mkdir()
+    for name in keep:
+        shutil.copy(trained_run / "checkpoint-2" / name, folder)
+    with pytest.raises(AdapterMismatch, match=message):
+        evaluate.main(["--config", SHAPES_RECIPE, "--adapter", str(folder), "--output", str(tmp_path / "x.json")])
+
+
+def test_full_model_folder_as_adapter_points_to_model_name_or_path(tiny_model_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(AdapterMismatch, match="--model_name_or_path"):
+        evaluate.main(["--config", SHAPES_RECIPE, "--adapter", str(tiny_model_path), "--output", str(tmp_path / "x")])
+
+
+def test_output_in_a_missing_folder_fails_at_once(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="output folder .*missing does not exist"):
+        evaluate.main(["--config", SHAPES_RECIPE, "--output", str(tmp_path / "missing" / "eval.json")])
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_batches_are_left_padded_without_processor_warnings(geoqa_fixture: Path) -> None:
+    task, _, model_args, _ = parse_recipe(
+        RECIPE_CLASSES, ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture)]
+    )
+    processor = get_processor(model_args, task)
+    rows = list(get_dataset(task, "eval", max_pixels_of(processor)).select(range(8)))
+    evaluator = Evaluator(load_tiny(), processor, "geoqa", [], {})
+    handler = _Collect()
+    logging.getLogger("transformers").addHandler(handler)  # transformers' loggers do not propagate to the root
+    try:
+        inputs = evaluator.encode(rows, [row["image"] for row in rows])
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [m for m in handler.messages if "processor_kwargs" in m], handler.messages
+    mask = inputs["attention_mask"]
+    lengths = mask.sum(dim=1)
+    assert lengths.min() < lengths.max(), "prompts of equal length: padding was not exercised"
+    assert bool(mask[:, -1].all()), "padding on the right: generation would continue after pad tokens"
+    for row_mask, length in zip(mask, lengths, strict=True):  # ones form one block at the end
+        assert bool(row_mask[-int(length) :].all()) and not bool(row_mask[: -int(length)].any())
+
+
+@pytest.mark.slow
+def test_batch_size_one_and_eight_give_identical_records(
+    varied_model: Path, geoqa_fixture: Path, tmp_path: Path
+) -> None:
+    args = ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture), "--model_name_or_path", str(varied_model)]
+    args += ["--limit", "16", "--max_new_tokens", "12"]
+    one = evaluate_to(tmp_path / "b1.json", *args, "--batch_size", "1")
+    eight = evaluate_to(tmp_path / "b8.json", *args, "--batch_size", "8")
+    assert len({r["text"] for r in one["records"]}) >= 8, "outputs barely depend on the input: a weak comparison"
+    assert one["records"] == eight["records"]
+
+
+def test_control_images() -> None:
+    images = [Image.new("RGB", (20 + i, 30), (i, 0, 0)) for i in range(4)]
+    blank = control_images({"image": images}, "blank")
+    assert [b.size for b in blank] == [i.size for i in images]
+    assert all(b.getextrema() == ((255, 255),) * 3 for b in blank)
+    shuffled = control_images({"image": images}, "shuffled")
+    assert sorted(map(id, shuffled)) == sorted(map(id, images))
+    assert all(s is not i for s, i in zip(shuffled, images, strict=True))
+    assert control_images({"image": images}, "none") == images
+
+
+def test_reproducible_argv_drops_only_resume() -> None:
+    argv = ["--config", "r.yaml", "--resume", "--limit", "4", "--resume", "true", "--resume=false", "--merge_adapter"]
+    assert reproducible_argv(argv) == ["--config", "r.yaml", "--limit", "4", "--merge_adapter"]
+
+
+def _records_in(partial: Path) -> list[dict]:
+    records = []
+    for line in partial.read_text(encoding="utf-8").splitlines()[1:]:  # the first line is the settings header
+        with contextlib.suppress(json.JSONDecodeError):  # the line the kill cut
+            records.append(json.loads(line))
+    return records
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_the_uninterrupted_file(
+    varied_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = tmp_path / "eval.json"
+    args = ["--config", SHAPES_RECIPE, "--model_name_or_path", str(varied_model), "--limit", "16"]
+    args += ["--batch_size", "1", "--max_new_tokens", "32", "--output", str(output)]
+    evaluate.main(args)
+    uninterrupted = json.loads(output.read_text(encoding="utf-8"))
+    output.unlink()
+
+    log = tmp_path / "killed.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "eval/evaluate.py", *args], cwd=REPO, stdout=sink, stderr=sink)
+    partial, deadline = partial_path(output), time.monotonic() + 300
+    while not (partial.exists() and len(_records_in(partial)) >= 3):
+        assert process.poll() is None, f"the evaluator ended before it could be killed:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no records after 300 s"
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not output.exists()
+    done = {r["id"] for r in _records_in(partial)}
+    assert 3 <= len(done) < 16
+
+    with pytest.raises(ValueError, match="cannot resume.*max_new_tokens"):
+        evaluate.main([*args, "--resume", "--max_new_tokens", "30"])
+    generated: list[str] = []
+    original = Evaluator.generate
+
+    def counting(self: Evaluator, rows: list[dict], images: list, max_new_tokens: int) -> list[dict]:
+        generated.extend(row["id"] for row in rows)
+        return original(self, rows, images, max_new_tokens)
+
+    monkeypatch.setattr(Evaluator, "generate", counting)
+    evaluate.main([*args, "--resume"])
+    assert len(generated) == 16 - len(done) and not done & set(generated), "finished examples were redone"
+    resumed = json.loads(output.read_text(encoding="utf-8"))
+    assert not partial_path(output).exists()
+    for result in (resumed, uninterrupted):
+        for key in TIMING_KEYS:
+            result["summary"].pop(key)
+    assert resumed == uninterrupted
