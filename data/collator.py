@@ -19,6 +19,20 @@ ImagePosition = Literal["before_text", "after_text"]
 MAX_DECODE_PIXELS = 64_000_000
 
 
+class ImageTooLarge(ValueError):
+    """An image over `MAX_DECODE_PIXELS`, caught from its header (its size) before its pixels are decoded."""
+
+
+def check_decode_size(image: Image.Image) -> None:
+    """Refuse an image whose header announces more than `MAX_DECODE_PIXELS` pixels; call before decoding it."""
+    width, height = image.size
+    if width * height > MAX_DECODE_PIXELS:
+        raise ImageTooLarge(
+            f"image of {width}x{height} pixels is larger than the {MAX_DECODE_PIXELS:,}-pixel limit; "
+            "shrink it before training"
+        )
+
+
 def build_messages(text: str, image_position: ImagePosition) -> list[dict[str, Any]]:
     """One user message holding the question text and one image slot, in the task's order; no system prompt.
 
@@ -55,12 +69,7 @@ def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
     The processor resizes again to its patch grid; shrinking here first keeps huge inputs from costing memory and
     makes the number of image tokens depend only on what this function returns.
     """
-    width, height = image.size
-    if width * height > MAX_DECODE_PIXELS:
-        raise ValueError(
-            f"image of {width}x{height} pixels is larger than the {MAX_DECODE_PIXELS:,}-pixel limit; "
-            "shrink it before training"
-        )
+    check_decode_size(image)
     image = ImageOps.exif_transpose(image)
     image = _to_rgb(image)
     width, height = image.size

@@ -23,6 +23,8 @@ from typing import Any
 import datasets
 from PIL import Image, UnidentifiedImageError
 
+from vision_grpo.data.collator import ImageTooLarge, check_decode_size
+
 logger = logging.getLogger(__name__)
 
 HUB_DATASET = "hz2475/geoQA"
@@ -135,7 +137,16 @@ def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
     else:
         if not revision:
             logger.warning("GeoQA: %s without a pinned revision; the fixed subset may drift with `main`", source)
-        dataset = datasets.load_dataset(source, revision=revision, split="train")
+        try:
+            dataset = datasets.load_dataset(source, revision=revision, split="train")
+        except ConnectionError as error:  # what `datasets` raises offline (or unreachable) for an uncached revision
+            pinned = f" at revision {revision}" if revision else ""
+            raise GeoQADataError(
+                f"{source}{pinned} is not in the local datasets cache and the Hub cannot be reached ({error}). "
+                f"Where the Hub is reachable run `python -m vision_grpo.data.geoqa prepare --source {source} "
+                "--revision <commit> --output-dir <dir>` and set `dataset_name` to that folder, or to a local "
+                "parquet copy"
+            ) from error
     return _check_columns(dataset, source)
 
 
@@ -199,6 +210,7 @@ def _decode_image(value: Any) -> Image.Image:
     if isinstance(value, Image.Image):
         return value
     image = Image.open(io.BytesIO(value["bytes"])) if value.get("bytes") else Image.open(value["path"])
+    check_decode_size(image)
     image.load()
     return image
 
@@ -228,6 +240,8 @@ def check_row(row: dict[str, Any]) -> Image.Image:
             raise GeoQADataError("no image")
         try:
             return _decode_image(image)
+        except ImageTooLarge as error:
+            raise GeoQADataError(str(error)) from error
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
             raise GeoQADataError(f"image does not decode ({error})") from error
     except GeoQADataError as error:

@@ -19,7 +19,7 @@ from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset, with_sft_completions
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.runs import write_run_end, write_run_start
-from vision_grpo.training import GracefulStop, prepare_run_dir
+from vision_grpo.training import GracefulStop, prepare_run_dir, resume_checkpoint
 
 logger = logging.getLogger("vision_grpo.sft")
 
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> Path:
     task_args, training_args, model_args = parse_recipe((TaskArguments, SFTConfig, ModelConfig), argv)
     recipe_path = recipe_path_of(argv)
     run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
+    resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)  # fails before any loading
     is_main = PartialState().is_main_process
 
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None) -> Path:
         callbacks=[GracefulStop()],
     )
     if is_main:
-        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), task=task_args.task)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        facts = {"task": task_args.task, "resumed_from": resume_from}
+        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), **facts)
+    trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(run_dir))
     if is_main:
         processor.save_pretrained(str(run_dir))

@@ -2,7 +2,7 @@
 
     accelerate launch recipes/train.py --config recipes/shapes/tiny_cpu.yaml [--key value ...]
 
-Stages: parse the recipe -> processor and model -> dataset -> rewards -> TRL's GRPOTrainer -> train -> save.
+Stages: parse the recipe -> processor -> rewards -> model -> dataset -> TRL's GRPOTrainer -> train -> save.
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
 from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
-from vision_grpo.training import GracefulStop, VisionGRPOTrainer, check_visual_tokens, prepare_run_dir
+from vision_grpo.training import (
+    GracefulStop,
+    VisionGRPOTrainer,
+    check_visual_tokens,
+    prepare_run_dir,
+    resume_checkpoint,
+)
 
 logger = logging.getLogger("vision_grpo.train")
 
@@ -30,10 +36,18 @@ def main(argv: list[str] | None = None) -> Path:
     task_args, training_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
     recipe_path = recipe_path_of(argv)
     run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
+    resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)  # fails before any loading
     is_main = PartialState().is_main_process
 
-    # Processor and model: the same loader for the embedded tiny model and Hub checkpoints.
+    # Processor and model: the same loaders for the embedded tiny model and Hub checkpoints.
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
+    # Rewards: plugins from rewards/ (and `reward_dirs`), picked by name; loaded before the model so that a typo in
+    # a reward name fails in seconds, not after a multi-GB model load.
+    reward_funcs = get_reward_funcs(
+        task_args.reward_funcs,
+        task_args.reward_dirs,
+        context={"eos_token_ids": [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]},
+    )
     model = load_model(model_args, training_args.trust_remote_code)
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
@@ -44,13 +58,6 @@ def main(argv: list[str] | None = None) -> Path:
         train_dataset, processor, task_args.token_check_samples, training_args.chat_template_kwargs or {}
     )
     logger.info("%d training prompts; image-token count checked on %d", len(train_dataset), checked)
-
-    # Rewards: plugins from rewards/ (and `reward_dirs`), picked by name.
-    reward_funcs = get_reward_funcs(
-        task_args.reward_funcs,
-        task_args.reward_dirs,
-        context={"eos_token_ids": [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]},
-    )
 
     trainer = VisionGRPOTrainer(
         model=model,
@@ -66,8 +73,9 @@ def main(argv: list[str] | None = None) -> Path:
         trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))
     if is_main:
         facts = {"task": task_args.task, "dataset": dataset_identity(task_args), "seed": training_args.seed}
+        facts["resumed_from"] = resume_from  # None for a fresh start
         write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), **facts)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(run_dir))
     if is_main:
         processor.save_pretrained(str(run_dir))

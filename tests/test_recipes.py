@@ -48,7 +48,9 @@ def test_every_recipe_parses_and_names_existing_rewards(recipe: Path) -> None:
 def test_command_line_flags_override_the_recipe(tmp_path: Path) -> None:
     path = write_recipe(tmp_path)
     task, trainer, model = parse_recipe(
-        GRPO_CLASSES, ["--config", str(path), "--max_steps", "7", "--reward_funcs", "count_correct", "count_format"]
+        GRPO_CLASSES,
+        ["--config", str(path), "--max_steps", "7", "--reward_funcs", "count_correct", "count_format"]
+        + ["--reward_weights", "1", "0.5"],  # one weight per reward, or the recipe is refused
     )
     assert trainer.max_steps == 7
     assert task.reward_funcs == ["count_correct", "count_format"]

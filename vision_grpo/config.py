@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
+from vision_grpo.data.collator import MAX_DECODE_PIXELS
+
 
 class RecipeError(ValueError):
     """A recipe that cannot run: unknown key, wrong type, inconsistent values."""
@@ -84,6 +86,8 @@ class TaskArguments:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise RecipeError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
+        if self.shapes_canvas**2 > MAX_DECODE_PIXELS:  # drawn in memory before any other limit applies
+            raise RecipeError(f"shapes_canvas: {self.shapes_canvas}px squared exceeds {MAX_DECODE_PIXELS:,} pixels")
         if not 1 <= self.shapes_min_count <= self.shapes_max_count:
             raise RecipeError("shapes_min_count must be >= 1 and <= shapes_max_count")
         if len(self.sft_targets) != len(self.sft_target_weights):
@@ -163,10 +167,28 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     if "--config" in argv:
         check_recipe_keys(argv[argv.index("--config") + 1], config_classes)
     parser = TrlParser(config_classes)
+    where = f"recipe {recipe_path_of(argv)}" if "--config" in argv else "command line"
     try:
-        return tuple(parser.parse_args_and_config(args=argv))
+        parsed = tuple(parser.parse_args_and_config(args=argv))
     except SystemExit as error:  # argparse already printed which flag and why
         raise RecipeError(f"could not parse the recipe arguments {argv}") from error
+    except RecipeError:
+        raise
+    except ValueError as error:  # a trainer config's own consistency check (e.g. GRPOConfig's batch arithmetic)
+        raise RecipeError(f"{where}: {error}") from error
+    _check_reward_weights(parsed, where)
+    return parsed
+
+
+def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
+    """One weight per reward, checked here rather than by TRL after the model has loaded."""
+    funcs = next((c.reward_funcs for c in parsed if hasattr(c, "reward_funcs")), None)
+    weights = next((c.reward_weights for c in parsed if getattr(c, "reward_weights", None) is not None), None)
+    if funcs is not None and weights is not None and len(weights) != len(funcs):
+        raise RecipeError(
+            f"{where}: reward_weights has {len(weights)} values {list(weights)} but reward_funcs names "
+            f"{len(funcs)} rewards {list(funcs)}; give one weight per reward"
+        )
 
 
 def recipe_path_of(argv: list[str]) -> str | None:

@@ -1,7 +1,8 @@
 """Pieces the entry points (`recipes/train.py`, `recipes/sft.py`) assemble around TRL's trainers.
 
-Nothing here re-implements training: the trainers are TRL's; we add the run folder, the visual-token check, the
-vision-tower learning rate and a graceful stop on SIGINT/SIGTERM.
+Nothing here re-implements training: the trainers are TRL's; we add the run folder, resuming from its last complete
+checkpoint, the visual-token check, the vision-tower learning rate, a data order that survives a resume across
+epochs, and a graceful stop on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 import datasets
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.modeling import is_vision_parameter
 
@@ -40,6 +43,40 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir)
     logger.info("run %s of recipe %s in %s", run_name, recipe_name, run_dir)
     return run_dir
+
+
+RESUME_LAST = ("true", "last")
+# Written last by the Trainer's checkpoint save: a checkpoint folder without it was cut off while saving.
+TRAINER_STATE = "trainer_state.json"
+
+
+def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
+    """The checkpoint a run resumes from: `resume_from_checkpoint` as a path, or `true`/`last` for the run folder's
+    last complete checkpoint (rerun with the same `output_dir` and `run_name`). None: start from scratch.
+
+    A checkpoint cut off by a kill while saving has no `trainer_state.json`; it is skipped, not loaded half-way.
+    """
+    if value is None or value is False or str(value).lower() in ("", "false", "none"):
+        return None
+    if value is True or str(value).lower() in RESUME_LAST:
+        complete = sorted(
+            (p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
+            key=lambda p: int(p.name.split("-")[-1]),
+        )
+        for partial in [p for p in complete if not (p / TRAINER_STATE).is_file()]:
+            logger.warning("skipping %s: no %s (cut off while saving)", partial, TRAINER_STATE)
+        complete = [p for p in complete if (p / TRAINER_STATE).is_file()]
+        if not complete:
+            raise FileNotFoundError(
+                f"resume_from_checkpoint={value}: no complete checkpoint in {run_dir}; rerun with the interrupted "
+                "run's `output_dir` and `run_name`, or pass a checkpoint folder"
+            )
+        return str(complete[-1])
+    path = Path(str(value)).expanduser()
+    if not (path / TRAINER_STATE).is_file():
+        missing = "does not exist" if not path.exists() else f"has no {TRAINER_STATE} (not a complete checkpoint)"
+        raise FileNotFoundError(f"resume_from_checkpoint: {path} {missing}")
+    return str(path)
 
 
 def check_visual_tokens(dataset: datasets.Dataset, processor: Any, samples: int, chat_template_kwargs: dict) -> int:
@@ -91,6 +128,10 @@ class VisionGRPOTrainer(GRPOTrainer):
         self.vision_lr_scale = vision_lr_scale
         super().__init__(*args, **kwargs)
 
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        return EpochSeededSampler.of(sampler) if isinstance(sampler, RepeatSampler) else sampler
+
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
         if self.vision_lr_scale is not None:
@@ -115,6 +156,24 @@ def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
             continue
         group["params"] = [p for p in group["params"] if id(p) not in vision_ids]
         optimizer.add_param_group({**group, "params": vision, "lr": group["lr"] * scale, "vision_tower": True})
+
+
+class EpochSeededSampler(RepeatSampler):
+    """TRL's RepeatSampler whose shuffle of epoch k is drawn from `seed + k`, whenever that epoch starts.
+
+    TRL's sampler draws each epoch's order from one generator seeded once, so a run resumed in epoch k>0 gets a fresh
+    generator and repeats epoch 0's order. The Trainer calls `set_epoch` at every epoch start (resumed or not);
+    reseeding there makes the order a function of (seed, epoch). Epoch 0 keeps TRL's order exactly.
+    """
+
+    @classmethod
+    def of(cls, sampler: RepeatSampler) -> EpochSeededSampler:
+        sampler.__class__ = cls
+        return sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed + epoch)
 
 
 class GracefulStop(TrainerCallback):

@@ -1,0 +1,342 @@
+"""Bad input: every case fails with an error that names the culprit (file, key, row id, plugin), and a run that
+fails before training writes nothing. docs/bad_inputs.md lists every case with the message a user sees and its test;
+many cases live with the code they test (test_recipes.py, test_geoqa_data.py, test_collator.py,
+test_reward_registry.py, test_counting_rewards.py, test_evaluate.py, test_compare.py) and are not repeated here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO, run_script
+from PIL import Image
+from test_collator import png_header_only
+from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
+from trl import ModelConfig
+
+from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
+from vision_grpo.data import get_dataset
+from vision_grpo.data.geoqa import GeoQADataError
+from vision_grpo.data.geoqa_fixture import fixture_rows
+from vision_grpo.modeling import TINY_MODEL, load_model
+from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, discover, get_reward_funcs
+
+TINY_RECIPE = "recipes/shapes/tiny_cpu.yaml"
+MAX_PIXELS = 168 * 168  # the tiny model's processor limit
+RAISING_PLUGIN = '''
+from vision_grpo.rewards import reward
+
+
+@reward()
+def raises_on_completions(completions, **kwargs):
+    """Test only: a plugin bug that shows only once completions arrive."""
+    return [1 / 0 for _ in completions]
+'''
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recipes: what the entry point refuses, before it writes anything.
+
+
+def train_main() -> Callable[[list[str]], Path]:
+    """`main` of recipes/train.py (a script, not a module), to run it in this process."""
+    spec = importlib.util.spec_from_file_location("train_entry_point", REPO / "recipes" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+GEOQA_FROM_THE_HUB = ["--task", "geoqa", "--dataset_name", "hz2475/geoQA", "--dataset_revision", "0" * 40]
+GEOQA_REWARDS = ["--reward_funcs", "boxed_option", "boxed_option_format", "--reward_weights", "1", "0"]
+# The recipe's four rewards with a typo in the last name (one weight each, so only the name is wrong).
+TYPO = ["--reward_funcs", "count_correct", "count_description", "count_reasoning", "count_formt"]
+ENTRY_POINT_CASES = {
+    "unknown reward": (
+        TYPO,
+        RewardPluginError,
+        r"unknown reward\(s\) \['count_formt'\]; available: \[.*'count_format'",
+    ),
+    "weights count": (["--reward_weights", "1", "2"], RecipeError, r"reward_weights has 2 values .* names 4 rewards"),
+    "generation batch": (
+        ["--per_device_train_batch_size", "6", "--generation_batch_size", "18"],
+        RecipeError,
+        r"tiny_cpu.yaml: generation_batch_size \(18\) must be divisible by num_generations \(4\)",
+    ),
+    "model path": (["--model_name_or_path", "./no-such-model"], FileNotFoundError, "model path ./no-such-model does"),
+    "uncached hub model": (
+        ["--model_name_or_path", "someone/uncached-vlm"],
+        FileNotFoundError,
+        "someone/uncached-vlm is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+    ),
+    "dataset revision offline": (
+        GEOQA_FROM_THE_HUB + GEOQA_REWARDS,
+        GeoQADataError,
+        r"hz2475/geoQA at revision 0{40} is not in the local datasets cache .*vision_grpo.data.geoqa prepare",
+    ),
+    "empty dataset": (["--shapes_train_size", "0"], ValueError, "the shapes train dataset is empty after filtering"),
+    "huge canvas": (["--shapes_canvas", "9000"], RecipeError, "shapes_canvas: 9000px squared exceeds 64,000,000"),
+    "nothing to resume": (["--resume_from_checkpoint", "last"], FileNotFoundError, "no complete checkpoint in"),
+}
+
+
+@pytest.mark.parametrize("case", ENTRY_POINT_CASES)
+def test_the_entry_point_refuses_bad_input_and_writes_nothing(
+    case: str, tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "")  # the entry point sets it; restored afterwards
+    args, error, message = ENTRY_POINT_CASES[case]
+    base = ["--config", TINY_RECIPE, "--output_dir", str(tmp_path / "runs"), "--run_name", "bad"]
+    base += ["--max_steps", "1", "--shapes_train_size", "4", "--token_check_samples", "1"]
+    with pytest.raises(error, match=message):
+        train_main()([*base, *args])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_command_line_shows_the_error_as_its_last_line(tmp_path: Path) -> None:
+    process = run_script(
+        ["recipes/train.py", "--config", TINY_RECIPE, "--output_dir", str(tmp_path), *TYPO], check=False
+    )
+    assert process.returncode == 1
+    last = process.stderr.strip().splitlines()[-1]
+    assert last.startswith("vision_grpo.rewards.RewardPluginError: unknown reward(s) ['count_formt']; available:")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data: GeoQA rows as a hand-made local copy would hold them (written with pyarrow, no Hugging Face metadata).
+
+
+def geoqa(source: Path, **overrides) -> TaskArguments:
+    return TaskArguments(task="geoqa", dataset_name=str(source), geoqa_test_rows=0, **overrides)
+
+
+def write_rows(rows: list[dict], path: Path) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def encoded(image: Image.Image, fmt: str = "PNG", **save_kwargs) -> dict:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **save_kwargs)
+    return {"bytes": buffer.getvalue(), "path": None}
+
+
+def half_transparent(mode: str, opaque, transparent) -> Image.Image:
+    image = Image.new(mode, (40, 30), opaque)
+    image.paste(transparent, (20, 0, 40, 30))
+    return image
+
+
+def palette_image() -> dict:
+    image = Image.new("P", (40, 30), 1)
+    image.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)  # 0: black (made transparent), 1: red
+    image.paste(0, (20, 0, 40, 30))
+    return encoded(image, transparency=0)
+
+
+WHITE, RED = (255, 255, 255), (255, 0, 0)
+# Encoded image, then the expected colour of its left and right halves after normalisation (None: not checked).
+IMAGES = {
+    "CMYK JPEG": (lambda: encoded(Image.new("CMYK", (40, 30), (0, 255, 255, 0)), "JPEG", quality=95), RED, RED),
+    "P with transparency": (palette_image, RED, WHITE),
+    "LA": (lambda: encoded(half_transparent("LA", (0, 255), (0, 0))), (0, 0, 0), WHITE),
+    "I;16": (lambda: encoded(Image.fromarray(np.full((30, 40), 65535, dtype=np.uint16))), WHITE, WHITE),
+    "1-bit": (lambda: encoded(half_transparent("1", 1, 0)), WHITE, (0, 0, 0)),
+}
+
+
+def test_unusual_image_modes_in_a_dataset_become_rgb(tmp_path: Path) -> None:
+    rows = fixture_rows(train_rows=len(IMAGES), test_rows=0, val_rows=0, seed=5)
+    for row, (make, _, _) in zip(rows, IMAGES.values(), strict=True):
+        row["image"] = make()
+    dataset = get_dataset(geoqa(write_rows(rows, tmp_path / "modes.parquet")), "train", MAX_PIXELS)
+    for (case, (_, left, right)), image in zip(IMAGES.items(), dataset["image"], strict=True):
+        assert image.mode == "RGB" and image.size == (40, 30), case
+        for x, expected in ((5, left), (35, right)):
+            got = np.asarray(image)[15, x]
+            assert np.abs(got.astype(int) - expected).max() <= 8, (case, x, got)  # JPEG is lossy
+
+
+def test_an_8000_pixel_square_image_is_shrunk_to_the_processor_limit(tmp_path: Path) -> None:
+    rows = fixture_rows(train_rows=1, test_rows=0, val_rows=0, seed=6)
+    rows[0]["image"] = encoded(Image.new("L", (8000, 8000), 90))
+    (image,) = get_dataset(geoqa(write_rows(rows, tmp_path / "huge.parquet")), "train", MAX_PIXELS)["image"]
+    assert image.mode == "RGB" and image.width == image.height and image.width * image.height <= MAX_PIXELS
+    assert image.getpixel((3, 3)) == (90, 90, 90)
+
+
+@pytest.mark.parametrize(
+    ("side", "message"),
+    [
+        (9000, "image of 9000x9000 pixels is larger than the 64,000,000-pixel limit"),
+        (20000, r"image does not decode \(Image size \(400000000 pixels\) exceeds limit"),  # Pillow's bomb check
+    ],
+    ids=["9000px", "bomb"],
+)
+def test_an_image_beyond_the_limit_is_refused_by_row_id_before_decoding(
+    tmp_path: Path, side: int, message: str
+) -> None:
+    """The files hold a header and no pixels: refusing them from the header alone is what keeps memory bounded."""
+    rows = fixture_rows(train_rows=3, test_rows=0, val_rows=0, seed=7)
+    rows[1]["image"] = {"bytes": png_header_only(side, side), "path": None}
+    path = write_rows(rows, tmp_path / "bomb.parquet")
+    with pytest.raises(GeoQADataError, match=rf"id={rows[1]['id']}: {message}"):
+        get_dataset(geoqa(path), "train", MAX_PIXELS)
+    kept = get_dataset(geoqa(path, skip_bad_rows=True), "train", MAX_PIXELS)
+    assert kept["id"] == [str(rows[0]["id"]), str(rows[2]["id"])]
+
+
+@pytest.mark.parametrize("label", [2.0, None], ids=["float", "missing"])
+def test_a_label_that_is_not_an_integer_names_the_row(tmp_path: Path, label) -> None:
+    rows = [{**row, "label": label} for row in fixture_rows(train_rows=3, test_rows=0, val_rows=0, seed=8)]
+    with pytest.raises(GeoQADataError, match=rf"id={rows[0]['id']}: label must be an integer in 0..3, got {label}"):
+        get_dataset(geoqa(write_rows(rows, tmp_path / "labels.parquet")), "train", MAX_PIXELS)
+
+
+def test_a_dataset_with_only_bad_rows_is_empty_after_filtering(tmp_path: Path) -> None:
+    rows = fixture_rows(train_rows=3, test_rows=0, val_rows=0, seed=9)
+    for row in rows:
+        row["choices"] = row["choices"][:3]
+    path = write_rows(rows, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="the geoqa train dataset is empty after filtering"):
+        get_dataset(geoqa(path, skip_bad_rows=True), "train", MAX_PIXELS)
+
+
+def test_a_folder_holding_pickle_files_is_refused_unread(tmp_path: Path) -> None:
+    """The GeoQA originals ship `.pk` files; unpickling them would run whatever code they hold."""
+    write_rows(fixture_rows(train_rows=2, test_rows=0, val_rows=0), tmp_path / "train.parquet")
+    (tmp_path / "test.pk").write_bytes(b"cos\nsystem\n(S'echo never run'\ntR.")
+    with pytest.raises(GeoQADataError, match="pickle files are never loaded"):
+        get_dataset(geoqa(tmp_path), "train", MAX_PIXELS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rewards: hostile completions through every built-in reward, and a plugin bug in the middle of a real run.
+
+HOSTILE = {
+    "empty": "",
+    "whitespace": " \n\t\r\u3000 ",
+    "100k characters": "x" * 100_000,
+    "100k digits": "9" * 100_000,
+    "image pads": "<|image_pad|>" * 2_000,
+    "special tokens": "<|im_start|>assistant\n<|vision_start|><|image_pad|><|vision_end|><|im_end|><|endoftext|>",
+    "20k boxes": "\\boxed{A} \\boxed{3}" * 10_000,
+    "unclosed boxes": "\\boxed{" * 10_000,
+    "NUL and a lone surrogate": "\x00 \ud800 \\boxed{\x00}",
+}
+BUILTIN_REWARDS = sorted(name for name, entry in discover().items() if Path(entry.source).parent == BUILTIN_DIR)
+COLUMNS = {
+    "answer": [2],
+    "shape": ["circles"],
+    "ground_truth": [{"triangles": 1, "circles": 2, "squares": 0}],
+    "label": [0],
+    "completion_ids": [[5, 6, 7]],
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_completions_get_a_number_from_every_builtin_reward(text: str) -> None:
+    funcs = get_reward_funcs(BUILTIN_REWARDS, context={"eos_token_ids": [7]})
+    for func in funcs:
+        start = time.perf_counter()
+        (value,) = func(completions=[[{"role": "assistant", "content": text}]], **COLUMNS)
+        assert value is None or math.isfinite(value), func.__name__
+        assert time.perf_counter() - start < 2.0, func.__name__
+
+
+@pytest.mark.slow
+def test_a_plugin_that_raises_during_training_stops_the_run_naming_it(tiny_model_path: Path, tmp_path: Path) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "buggy.py").write_text(RAISING_PLUGIN)
+    args = ["recipes/train.py", "--config", TINY_RECIPE, "--output_dir", str(tmp_path / "runs"), "--run_name", "r"]
+    args += ["--reward_dirs", str(plugins), "--reward_funcs", "raises_on_completions", "--reward_weights", "1"]
+    args += ["--max_steps", "2", "--shapes_train_size", "4", "--token_check_samples", "1", "--report_to", "none"]
+    process = run_script(args, timeout=600, check=False)
+    assert process.returncode == 1
+    # The traceback's last line (tqdm may print its bar after it).
+    (error,) = [
+        line for line in process.stderr.splitlines() if line.startswith("vision_grpo.rewards.RewardPluginError")
+    ]
+    where = f"reward `raises_on_completions` ({(plugins / 'buggy.py').resolve()})"
+    assert error.endswith(f"{where} raised ZeroDivisionError: division by zero")
+    run_dir = tmp_path / "runs" / "r"
+    assert not list(run_dir.glob("checkpoint-*")) and not (run_dir / "adapter_model.safetensors").exists()
+    assert json.loads((run_dir / "manifest.json").read_text())["ended"] is None  # never recorded as finished
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Safety: remote code stays off unless asked for, and reward code is read only from where the user says.
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))
+def test_no_shipped_recipe_turns_on_remote_code(recipe: Path) -> None:
+    _, trainer, _ = parse_recipe(config_classes(recipe), ["--config", str(recipe), *CPU_OVERRIDES])
+    assert trainer.trust_remote_code is False
+
+
+def test_turning_on_remote_code_warns(tiny_model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.modeling"):
+        load_model(ModelConfig(model_name_or_path=TINY_MODEL, dtype="float32"), trust_remote_code=True)
+    assert f"trust_remote_code is on: code from {TINY_MODEL} will run" in caplog.text
+
+
+def test_reward_code_is_read_only_from_the_rewards_folder_and_named_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "stray_reward.py").write_text(
+        f"from pathlib import Path\nfrom vision_grpo.rewards import reward\nPath({str(marker)!r}).touch()\n\n\n"
+        "@reward()\ndef stray_reward(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)  # a plugin file in the working directory is not picked up
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardPluginError, match=r"unknown reward\(s\) \['stray_reward'\]"):
+        get_reward_funcs(["stray_reward"])
+    assert not marker.exists()
+    (func,) = get_reward_funcs(["stray_reward"], extra_dirs=[tmp_path])
+    assert marker.exists() and func(completions=["a"]) == [0.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The table of docs/bad_inputs.md: each row is a test, so every test it names must exist.
+
+TABLE = REPO / "docs" / "bad_inputs.md"
+TEST_REFERENCE = re.compile(r"(test_\w+\.py)?::(test_\w+)(?:\[([^\]]+)\])?")
+
+
+def test_every_test_named_in_the_bad_input_table_exists() -> None:
+    rows = [line for line in TABLE.read_text(encoding="utf-8").splitlines() if line.startswith("| ") and "::" in line]
+    assert len(rows) >= 50
+    for row in rows:
+        cell = row.rstrip(" |").rsplit(" | ", 1)[-1]
+        file = None
+        for match in TEST_REFERENCE.finditer(cell):
+            file = match.group(1) or file
+            assert file, f"{match.group(0)} names no file: {row}"
+            module = importlib.import_module(file.removesuffix(".py"))
+            test = getattr(module, match.group(2), None)
+            assert callable(test), f"{file}::{match.group(2)} does not exist"
+            if match.group(3):  # a parametrized case: its id must be one of the test's
+                ids = {i for mark in getattr(test, "pytestmark", []) if mark.name == "parametrize" for i in _ids(mark)}
+                assert match.group(3) in ids, f"{file}::{match.group(2)} has no case [{match.group(3)}]: {ids}"
+
+
+def _ids(mark: pytest.Mark) -> list[str]:
+    """The ids of a parametrize mark: explicit `ids`, else the values when they are strings (pytest's default)."""
+    ids = mark.kwargs.get("ids")
+    if ids is None:
+        return [str(value) for value in mark.args[1] if isinstance(value, str)]
+    return [ids(value) for value in mark.args[1]] if callable(ids) else list(ids)

@@ -1,0 +1,276 @@
+"""Interrupted training: a run killed (SIGKILL) after a checkpoint resumes from that checkpoint exactly, and SIGINT or
+SIGTERM make a run save a checkpoint before it exits.
+
+"Exactly" is checked from the outside, on the real entry point and the tiny model: a test-only reward plugin logs
+which prompts (`id`) every step scored, and the resumed run must score the same prompts at the same steps as an
+uninterrupted run and end with bit-identical weights. That holds only if the step counter, the optimizer and
+scheduler state, the data order and the random state all continue; restarting any one of them changes the weights.
+The runs also go through the test guard (tests/guard): resuming reads optimizer, scheduler and RNG state without
+unpickling anything (torch's weights-only loader) and without touching the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_script
+from safetensors.torch import load_file
+from trl.trainer.utils import RepeatSampler
+
+from vision_grpo.training import TRAINER_STATE, EpochSeededSampler, resume_checkpoint
+
+GUARD = REPO / "tests" / "guard"
+PROBE_PLUGIN = '''
+import json
+import os
+import signal
+
+from vision_grpo.rewards import completion_texts, reward
+
+
+@reward()
+def resume_probe(completions, trainer_state, **kwargs):
+    """Test only: log (completed steps, prompt ids); SIGKILL this process at a given step; reward variety."""
+    with open(os.environ["PROBE_LOG"], "a", encoding="utf-8") as log:
+        record = {"step": trainer_state.global_step, "ids": list(kwargs["id"]), "pid": os.getpid()}
+        log.write(json.dumps(record) + "\\n")
+    if trainer_state.global_step == int(os.environ.get("PROBE_KILL_AT_STEP", -1)):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [len(set(text)) / 10 for text in completion_texts(completions)]
+'''
+# 4 prompts, 2 per step: an epoch is 2 steps, so 5 steps cross two epoch boundaries.
+TINY = {
+    "--shapes_train_size": "4",
+    "--per_device_train_batch_size": "8",
+    "--num_generations": "4",
+    "--max_completion_length": "8",
+    "--token_check_samples": "1",
+    "--reward_funcs": "resume_probe",
+    "--reward_weights": "1.0",
+    "--report_to": "none",
+}
+
+
+def training_args(tmp_path: Path, run_name: str, **overrides: str) -> list[str]:
+    plugins = tmp_path / "plugins"
+    if not plugins.is_dir():
+        plugins.mkdir()
+        (plugins / "resume_probe.py").write_text(PROBE_PLUGIN)
+    flags = {**TINY, "--output_dir": str(tmp_path / "runs"), "--run_name": run_name, "--reward_dirs": str(plugins)}
+    flags.update({f"--{key}": value for key, value in overrides.items()})
+    return [
+        "recipes/train.py",
+        "--config",
+        "recipes/shapes/tiny_cpu.yaml",
+        *(x for pair in flags.items() for x in pair),
+    ]
+
+
+def guarded_env(tmp_path: Path, probe_log: Path) -> dict[str, str]:
+    """The probe's log file plus the network-and-pickle guard for every process of the run."""
+    path = os.pathsep.join(p for p in (str(GUARD), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PROBE_LOG": str(probe_log), "PYTHONPATH": path, "VISION_GRPO_GUARD_LOG": str(tmp_path / "guard.jsonl")}
+
+
+def probe_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def guard_violations(tmp_path: Path) -> list[dict]:
+    lines = (tmp_path / "guard.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert any(r["kind"] == "installed" for r in records), "the guard did not run"
+    return [r for r in records if r["kind"] != "installed"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which checkpoint a run resumes from.
+
+
+def make_checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    if complete:
+        (folder / TRAINER_STATE).write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize("value", [None, False, "", "false", "False", "none"])
+def test_no_resume_value_starts_from_scratch(tmp_path: Path, value) -> None:
+    make_checkpoint(tmp_path, 2)
+    assert resume_checkpoint(value, tmp_path) is None
+
+
+@pytest.mark.parametrize("value", [True, "true", "last", "LAST"])
+def test_last_is_the_newest_complete_checkpoint(tmp_path: Path, value, caplog: pytest.LogCaptureFixture) -> None:
+    make_checkpoint(tmp_path, 2)
+    newest = make_checkpoint(tmp_path, 10)  # 10 > 9 numerically, though "checkpoint-10" < "checkpoint-9" as text
+    make_checkpoint(tmp_path, 9)
+    make_checkpoint(tmp_path, 12, complete=False)  # killed while saving
+    with caplog.at_level(logging.WARNING):
+        assert resume_checkpoint(value, tmp_path) == str(newest)
+    assert "checkpoint-12" in caplog.text and "cut off while saving" in caplog.text
+
+
+def test_last_without_any_complete_checkpoint_says_how_to_resume(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path, 3, complete=False)
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint in .*run_name"):
+        resume_checkpoint("last", tmp_path)
+
+
+def test_an_explicit_checkpoint_must_exist_and_be_complete(tmp_path: Path) -> None:
+    assert resume_checkpoint(str(make_checkpoint(tmp_path, 4)), tmp_path) == str(tmp_path / "checkpoint-4")
+    with pytest.raises(FileNotFoundError, match="checkpoint-5 does not exist"):
+        resume_checkpoint(str(tmp_path / "checkpoint-5"), tmp_path)
+    partial = make_checkpoint(tmp_path, 6, complete=False)
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        resume_checkpoint(str(partial), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The data order: a function of (seed, epoch), so a resumed run continues it.
+
+
+def epochs(sampler: RepeatSampler, count: int, start: int = 0) -> list[list[int]]:
+    """The sampler's order for epochs start..count-1, announcing each epoch as the Trainer does."""
+    orders = []
+    for epoch in range(start, count):
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+def sampler(cls: type[RepeatSampler]) -> RepeatSampler:
+    return cls(data_source=range(8), mini_repeat_count=2, batch_size=4, repeat_count=1, seed=42)
+
+
+def test_a_sampler_started_at_epoch_k_gives_the_uninterrupted_order() -> None:
+    uninterrupted = epochs(sampler(EpochSeededSampler), 4)
+    assert uninterrupted[0] == list(sampler(RepeatSampler))  # epoch 0 is TRL's own order
+    assert len({tuple(order) for order in uninterrupted}) == 4  # every epoch is shuffled anew
+    for start in range(1, 4):  # a resumed run builds a fresh sampler and starts at epoch `start`
+        assert epochs(sampler(EpochSeededSampler), 4, start) == uninterrupted[start:]
+
+
+def test_trls_own_sampler_repeats_epoch_0_after_a_resume() -> None:
+    """Why EpochSeededSampler exists; if this fails, TRL fixed it and the subclass can go."""
+    uninterrupted = epochs(sampler(RepeatSampler), 2)
+    assert epochs(sampler(RepeatSampler), 2, start=1) != uninterrupted[1:]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real runs.
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_checkpoint_resumes_exactly_where_it_stopped(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    steps = {"max_steps": "5", "save_steps": "1"}
+    whole_log, cut_log = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    run_script(training_args(tmp_path, "whole", **steps), env=guarded_env(tmp_path, whole_log), timeout=600)
+
+    # SIGKILL inside step 4, after checkpoint-3 was written.
+    killed = run_script(
+        training_args(tmp_path, "cut", **steps),
+        env={**guarded_env(tmp_path, cut_log), "PROBE_KILL_AT_STEP": "3"},
+        timeout=600,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    cut_dir = tmp_path / "runs" / "cut"
+    assert (cut_dir / "checkpoint-3" / TRAINER_STATE).is_file()
+    assert not (cut_dir / "adapter_model.safetensors").exists()  # the final model was never written
+    assert json.loads((cut_dir / "manifest.json").read_text())["ended"] is None
+    # As if a kill had also cut the save of checkpoint-4 short: weights there, trainer state not yet.
+    shutil.copytree(cut_dir / "checkpoint-3", cut_dir / "checkpoint-4")
+    (cut_dir / "checkpoint-4" / TRAINER_STATE).unlink()
+
+    resumed = run_script(
+        training_args(tmp_path, "cut", **steps, resume_from_checkpoint="last"),
+        env=guarded_env(tmp_path, cut_log),
+        timeout=600,
+    )
+    assert "checkpoint-4: no trainer_state.json (cut off while saving)" in resumed.stderr
+
+    whole, cut = probe_records(whole_log), probe_records(cut_log)
+    first_pid = cut[0]["pid"]
+    assert [r["step"] for r in cut if r["pid"] == first_pid] == [0, 1, 2, 3]
+    after_resume = [(r["step"], r["ids"]) for r in cut if r["pid"] != first_pid]
+    assert after_resume == [(r["step"], r["ids"]) for r in whole if r["step"] >= 3]  # steps 3 and 4, same prompts
+    manifest = json.loads((cut_dir / "manifest.json").read_text())
+    assert manifest["resumed_from"] == str(cut_dir / "checkpoint-3") and manifest["global_step"] == 5
+
+    expected = load_file(str(tmp_path / "runs" / "whole" / "adapter_model.safetensors"))
+    got = load_file(str(cut_dir / "adapter_model.safetensors"))
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[key], got[key]) for key in expected), "resumed weights differ from uninterrupted"
+
+    # Weights are safetensors only; nothing was unpickled and nothing left the machine.
+    for folder in (cut_dir, cut_dir / "checkpoint-5"):
+        names = {p.name for p in folder.iterdir()}
+        assert "adapter_model.safetensors" in names
+        assert not names & {"adapter_model.bin", "pytorch_model.bin", "model.bin"}
+    assert guard_violations(tmp_path) == []
+
+
+def wait_for_step(log: Path, process: subprocess.Popen, step: int, timeout: float) -> None:
+    """Block until the probe logged `step` (that step's generation has begun), failing if the run ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and any(r["step"] >= step for r in probe_records(log)):
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"training ended early ({process.returncode}):\n{process.stderr.read()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_saves_a_checkpoint_and_the_run_then_ends_cleanly(
+    tiny_model_path: Path, tmp_path: Path, signum: int
+) -> None:
+    log = tmp_path / "probe.jsonl"
+    # No scheduled checkpoints, so a checkpoint can only come from the signal.
+    args = training_args(tmp_path, "stopped", max_steps="200", save_strategy="no")
+    process = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, **guarded_env(tmp_path, log)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_step(log, process, step=1, timeout=300)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr[-4000:]
+    assert "saving a checkpoint after this step" in stderr
+
+    run_dir = tmp_path / "runs" / "stopped"
+    (checkpoint,) = run_dir.glob("checkpoint-*")
+    stopped_at = json.loads((checkpoint / TRAINER_STATE).read_text())["global_step"]
+    assert checkpoint.name == f"checkpoint-{stopped_at}" and 1 <= stopped_at < 200
+    # The step in flight was finished, and no further one started.
+    assert max(r["step"] for r in probe_records(log)) == stopped_at - 1
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["ended"] is not None and manifest["global_step"] == stopped_at
+    assert (run_dir / "adapter_model.safetensors").is_file()
