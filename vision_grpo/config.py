@@ -36,6 +36,7 @@ class TaskArguments:
     shapes_canvas: int = field(default=256, metadata={"help": "Canvas side in pixels."})
     shapes_min_count: int = field(default=1, metadata={"help": "Fewest of a shape drawn."})
     shapes_max_count: int = field(default=5, metadata={"help": "Most of a shape drawn."})
+    shapes_fixed_size: bool = field(default=False, metadata={"help": "One size per shape instead of random sizes."})
     shapes_train_size: int = field(default=500, metadata={"help": "Training images."})
     shapes_eval_size: int = field(default=100, metadata={"help": "Held-out images."})
     shapes_train_seed: int = field(default=1, metadata={"help": "Seed of the training images."})
