@@ -12,25 +12,19 @@ import logging
 import sys
 from pathlib import Path
 
-from accelerate import PartialState
-from trl import ModelConfig, SFTConfig, SFTTrainer
+from trl import SFTConfig, SFTTrainer
 
-from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset, with_sft_completions
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
-from vision_grpo.runs import write_run_end, write_run_start
-from vision_grpo.training import GracefulStop, prepare_run_dir, resume_checkpoint
+from vision_grpo.training import GracefulStop, RecipeRun
 
 logger = logging.getLogger("vision_grpo.sft")
 
 
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
-    task_args, training_args, model_args = parse_recipe((TaskArguments, SFTConfig, ModelConfig), argv)
-    recipe_path = recipe_path_of(argv)
-    run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
-    resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)  # fails before any loading
-    is_main = PartialState().is_main_process
+    run = RecipeRun.start(SFTConfig, argv)  # fails on a bad recipe before anything loads
+    task_args, training_args, model_args = run.task_args, run.training_args, run.model_args
 
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
     model = load_model(model_args, training_args.trust_remote_code)
@@ -48,15 +42,7 @@ def main(argv: list[str] | None = None) -> Path:
         peft_config=get_peft_config(model_args, task_args),
         callbacks=[GracefulStop()],
     )
-    if is_main:
-        facts = {"task": task_args.task, "resumed_from": resume_from}
-        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), **facts)
-    trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(str(run_dir))
-    if is_main:
-        processor.save_pretrained(str(run_dir))
-        write_run_end(run_dir, global_step=trainer.state.global_step)
-    return run_dir
+    return run.train_and_save(trainer, processor)
 
 
 if __name__ == "__main__":

@@ -11,33 +11,21 @@ import logging
 import sys
 from pathlib import Path
 
-from accelerate import PartialState
-from trl import GRPOConfig, ModelConfig
+from trl import GRPOConfig
 
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
-from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
-from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
-from vision_grpo.training import (
-    GracefulStop,
-    VisionGRPOTrainer,
-    check_visual_tokens,
-    prepare_run_dir,
-    resume_checkpoint,
-)
+from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
 
 logger = logging.getLogger("vision_grpo.train")
 
 
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
-    task_args, training_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
-    recipe_path = recipe_path_of(argv)
-    run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
-    resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)  # fails before any loading
-    is_main = PartialState().is_main_process
+    run = RecipeRun.start(GRPOConfig, argv)  # fails on a bad recipe before anything loads
+    task_args, training_args, model_args = run.task_args, run.training_args, run.model_args
 
     # Processor and model: the same loaders for the embedded tiny model and Hub checkpoints.
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
@@ -66,21 +54,15 @@ def main(argv: list[str] | None = None) -> Path:
         train_dataset=train_dataset,
         processing_class=processor,
         peft_config=get_peft_config(model_args, task_args),
-        callbacks=[GracefulStop(), TensorBoardHParams(run_dir, recipe_hparams(task_args, training_args, model_args))],
+        callbacks=[
+            GracefulStop(),
+            TensorBoardHParams(run.run_dir, recipe_hparams(task_args, training_args, model_args)),
+        ],
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
     )
     if task_args.holdout_eval_steps > 0:
         trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))
-    if is_main:
-        facts = {"task": task_args.task, "dataset": dataset_identity(task_args), "seed": training_args.seed}
-        facts["resumed_from"] = resume_from  # None for a fresh start
-        write_run_start(run_dir, recipe_path, argv, (task_args, training_args, model_args), **facts)
-    trainer.train(resume_from_checkpoint=resume_from)
-    trainer.save_model(str(run_dir))
-    if is_main:
-        processor.save_pretrained(str(run_dir))
-        write_run_end(run_dir, global_step=trainer.state.global_step)
-    return run_dir
+    return run.train_and_save(trainer, processor)
 
 
 if __name__ == "__main__":

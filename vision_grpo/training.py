@@ -10,19 +10,68 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import datasets
+from accelerate import PartialState
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer
+from trl import GRPOTrainer, ModelConfig
 from trl.trainer.utils import RepeatSampler
 
+from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.modeling import is_vision_parameter
+from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RecipeRun:
+    """One run of an entry point: the parsed recipe, its run folder, the checkpoint to resume, the process's role.
+
+    `recipes/train.py` and `recipes/sft.py` share it, so both record their runs and resume the same way.
+    """
+
+    task_args: TaskArguments
+    training_args: Any
+    model_args: Any
+    argv: list[str]
+    recipe_path: str | None
+    run_dir: Path
+    resume_from: str | None
+    is_main: bool
+
+    @classmethod
+    def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
+        """Parse the recipe (fails on any bad key before loading anything) and set up the run folder."""
+        task_args, training_args, model_args = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
+        recipe_path = recipe_path_of(argv)
+        run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
+        resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
+        is_main = PartialState().is_main_process
+        return cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
+
+    def train_and_save(self, trainer: Any, processor: Any) -> Path:
+        """Record the run, train (resuming if asked), save the model or adapter and the processor, close the record."""
+        if self.is_main:
+            facts = {
+                "task": self.task_args.task,
+                "dataset": dataset_identity(self.task_args),
+                "seed": self.training_args.seed,
+                "resumed_from": self.resume_from,  # None for a fresh start
+            }
+            configs = (self.task_args, self.training_args, self.model_args)
+            write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)
+        trainer.train(resume_from_checkpoint=self.resume_from)
+        trainer.save_model(str(self.run_dir))
+        if self.is_main:
+            processor.save_pretrained(str(self.run_dir))
+            write_run_end(self.run_dir, global_step=trainer.state.global_step)
+        return self.run_dir
 
 
 class VisualTokenMismatch(ValueError):
