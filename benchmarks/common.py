@@ -1,0 +1,177 @@
+"""Shared pieces of the benchmark scripts: offline environment, measured subprocesses, per-step times, tables.
+
+Every figure is measured side by side in one invocation and reported as medians and ratios, because the machines
+this runs on are shared: absolute seconds move with the load, ratios of interleaved runs much less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE = REPO / "recipes" / "shapes" / "tiny_cpu.yaml"
+# Nothing may reach the network; tokenizers' thread pool would compete with torch's for the same cores.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+os.environ.update(OFFLINE_ENV)
+
+
+@dataclass
+class Measured:
+    """A finished subprocess: exit status, wall seconds, peak resident memory of it and its children, CPU seconds."""
+
+    returncode: int
+    wall_s: float
+    peak_rss_mib: float
+    cpu_s: float
+    output: str
+    started: float  # epoch seconds just before the start, comparable with TensorBoard's wall times
+    cpu_samples: list[tuple[float, float]]  # (epoch seconds, CPU seconds used so far) of the process itself
+
+    def cpu_at(self, wall_time: float) -> float:
+        """CPU seconds the process had used at epoch time `wall_time`, interpolated between samples."""
+        import numpy as np
+
+        times, cpu = zip(*self.cpu_samples, strict=True)
+        return float(np.interp(wall_time, times, cpu))
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (all its threads), from /proc; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_measured(args: Sequence[str], timeout: float = 900, env: dict[str, str] | None = None) -> Measured:
+    """Run `python <args>` from the repository root; its own rusage comes from `wait4`, so figures of one child
+    never mix with another's (RUSAGE_CHILDREN would keep the largest child of the whole session).
+
+    The child's CPU time is sampled every 50 ms, so CPU seconds per training step can be read off against the
+    step times in its logs: on a loaded machine CPU time moves much less than wall time."""
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"vision-grpo-bench-{os.getpid()}-{time.monotonic_ns()}.log"
+    with log.open("w+", encoding="utf-8") as sink:
+        started = time.time()
+        start = time.perf_counter()
+        process = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        samples: list[tuple[float, float]] = [(started, 0.0)]
+        while True:
+            cpu = _cpu_seconds(process.pid)
+            if cpu is not None:
+                samples.append((time.time(), cpu))
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                process.kill()
+                pid, status, usage = os.wait4(process.pid, 0)
+                break
+            time.sleep(0.05)
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait again
+        wall = time.perf_counter() - start
+        sink.seek(0)
+        output = sink.read()
+    log.unlink()
+    # Linux reports ru_maxrss in KiB.
+    cpu_total = usage.ru_utime + usage.ru_stime
+    return Measured(process.returncode, wall, usage.ru_maxrss / 1024, cpu_total, output, started, samples)
+
+
+def check(measured: Measured, what: str) -> Measured:
+    """Fail with the end of the output when a benchmarked command failed: a failed run has no figures."""
+    if measured.returncode != 0:
+        raise RuntimeError(f"{what} failed ({measured.returncode}):\n{measured.output[-4000:]}")
+    return measured
+
+
+@dataclass
+class StepLog:
+    """Per-step figures of one training run, read back from its TensorBoard events."""
+
+    wall_times: list[float]  # epoch seconds at which each step's metrics were logged, in step order
+    step_times: list[float]  # TRL's `step_time`: seconds inside `training_step` (generation + backward)
+
+    def step_periods(self) -> list[float]:
+        """Wall seconds between consecutive logged steps: everything a step costs (data, callbacks, logging)."""
+        return [b - a for a, b in zip(self.wall_times, self.wall_times[1:], strict=False)]
+
+    def first_step_start(self) -> float:
+        """Epoch seconds at which the first step began: its log time minus its own duration."""
+        return self.wall_times[0] - self.step_times[0]
+
+
+def read_step_log(run_dir: Path) -> StepLog:
+    """Step figures from every TensorBoard event file under `run_dir` (needs `logging_steps: 1`)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    by_step: dict[int, tuple[float, float]] = {}
+    for path in sorted(run_dir.rglob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "train/step_time":
+                    by_step[event.step] = (event.wall_time, _scalar(value))
+    if not by_step:
+        raise RuntimeError(f"no `train/step_time` events under {run_dir}; is TensorBoard logging on every step?")
+    steps = sorted(by_step)
+    return StepLog([by_step[s][0] for s in steps], [by_step[s][1] for s in steps])
+
+
+def _scalar(value: Any) -> float:
+    """A TensorBoard scalar, whether written as a simple value or as a tensor (both forms exist)."""
+    if value.HasField("tensor"):
+        from tensorboard.util import tensor_util
+
+        return float(tensor_util.make_ndarray(value.tensor))
+    return float(value.simple_value)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub table; floats with three significant digits (the noise here is larger than that)."""
+
+    def cell(value: Any) -> str:
+        return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(name: str, figures: dict[str, Any], json_path: str | None) -> None:
+    """Print a benchmark's figures as one `RESULT` JSON line (for run_all and tests); also write them if asked."""
+    print(f"RESULT {name} " + json.dumps(figures, sort_keys=True))
+    if json_path:
+        Path(json_path).write_text(json.dumps(figures, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def machine() -> str:
+    """CPU count and model, for the README table's 'machine' column."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {model}"

@@ -1,0 +1,102 @@
+"""Where start-up time goes: the stages of `recipes/train.py` before its first step, timed one by one.
+
+    python benchmarks/startup.py [--recipe recipes/shapes/tiny_cpu.yaml]
+
+Run as its own process (run_all does), so the import stages are a fresh interpreter's. The stages are the entry
+point's own calls in its order; the cold model build is timed into a temporary folder and shows what every run
+would pay if the embedded model were not cached. Compare the total with `train_overhead.py`'s start-up figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import RECIPE, REPO, machine, markdown_table, report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default=str(RECIPE))
+    parser.add_argument("--quick", action="store_true", help="accepted for run_all; the stages are the same")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    stages: dict[str, float] = {}
+
+    def timed(name: str, call: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        result = call()
+        stages[name] = time.perf_counter() - start
+        return result
+
+    timed("import torch", lambda: __import__("torch"))
+    timed("import transformers, trl, peft", lambda: (__import__("trl").GRPOTrainer, __import__("peft").LoraConfig))
+
+    # The entry point's module body is its imports (callbacks, data, rewards, runs); `main` does not run.
+    timed("import the entry point's modules", lambda: runpy.run_path(str(REPO / "recipes" / "train.py")))
+    from trl import GRPOConfig, ModelConfig
+
+    from vision_grpo.callbacks import TensorBoardHParams, recipe_hparams
+    from vision_grpo.config import TaskArguments, parse_recipe
+    from vision_grpo.data import get_dataset
+    from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
+    from vision_grpo.rewards import get_reward_funcs
+    from vision_grpo.runs import write_run_start
+    from vision_grpo.tiny_model import build_tiny_vlm
+    from vision_grpo.training import GracefulStop, VisionGRPOTrainer, check_visual_tokens, prepare_run_dir
+
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        argv = ["--config", args.recipe, "--output_dir", tmp, "--run_name", "bench", "--report_to", "none"]
+        task, train, model_args = timed(
+            "parse the recipe", lambda: parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
+        )
+        run_dir = prepare_run_dir(train, "bench")
+        if model_args.model_name_or_path == TINY_MODEL:
+            timed("build the tiny model (cold cache only)", lambda: build_tiny_vlm(Path(tmp) / "cold"))
+        processor = timed("processor (cached model)", lambda: get_processor(model_args, task))
+        model = timed("model weights", lambda: load_model(model_args))
+        dataset = timed("dataset rows", lambda: get_dataset(task, "train", max_pixels_of(processor)))
+        timed(
+            "visual-token check",
+            lambda: check_visual_tokens(dataset, processor, task.token_check_samples, train.chat_template_kwargs or {}),
+        )
+        eos = [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]
+        rewards = timed(
+            "reward plugins", lambda: get_reward_funcs(task.reward_funcs, task.reward_dirs, {"eos_token_ids": eos})
+        )
+        timed(
+            "trainer (LoRA wrapping, optimizer set-up)",
+            lambda: VisionGRPOTrainer(
+                model=model,
+                reward_funcs=rewards,
+                args=train,
+                train_dataset=dataset,
+                processing_class=processor,
+                peft_config=get_peft_config(model_args, task),
+                callbacks=[GracefulStop(), TensorBoardHParams(run_dir, recipe_hparams(task, train, model_args))],
+            ),
+        )
+        timed(
+            "run manifest (git state, versions)",
+            lambda: write_run_start(run_dir, args.recipe, argv, (task, train, model_args)),
+        )
+
+    warm_total = sum(v for k, v in stages.items() if "cold" not in k)
+    rows = [
+        [name, seconds, f"{100 * seconds / warm_total:.0f}%" if "cold" not in name else "-"]
+        for name, seconds in stages.items()
+    ]
+    rows.append(["total with a cached model", warm_total, "100%"])
+    print(f"\nStart-up stages of recipes/train.py, {Path(args.recipe).name} ({machine()})")
+    print(markdown_table(["stage", "seconds", "share"], rows))
+    report("startup", {"stages_s": stages, "warm_total_s": warm_total, "machine": machine()}, args.json)
+
+
+if __name__ == "__main__":
+    main()

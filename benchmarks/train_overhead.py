@@ -1,0 +1,99 @@
+"""Training overhead and start-up: our entry point against bare TRL, interleaved runs, medians and ratios.
+
+    python benchmarks/train_overhead.py [--pairs 4] [--steps 12] [--quick]
+
+A = `recipes/train.py` (ours), B = `benchmarks/bare_trl.py` (TRL's GRPOTrainer wired by hand), both on the tiny
+recipe with the same GRPOConfig values and the same rows. Runs alternate in ABBA order (pair 1: A B, pair 2: B A,
+...), so a load change on the shared machine hits both sides alike. Per run, from its TensorBoard events:
+- s/step: wall seconds between consecutive logged steps (data loading, generation, backward, callbacks, logging),
+  median over the steps after warm-up; `step_time` is TRL's own timer (inside `training_step` only);
+- CPU s/step: the process's CPU seconds over the same steps, which moves less with the machine's load;
+- start-up: seconds from the command to the start of the first step (imports, model, dataset, trainer).
+Ratios are ours / bare per pair, then the median over pairs. Both sides get the same environment: on a loaded
+machine, `OMP_NUM_THREADS=1` steadies the figures (with more threads a parallel region waits for its slowest
+thread, and a whole run of either side could come out 10-100x slower on a busy 2-core machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from common import RECIPE, Measured, check, machine, markdown_table, median, read_step_log, report, run_measured
+
+SIDES = {"ours": ["recipes/train.py"], "bare": ["benchmarks/bare_trl.py"]}
+
+
+def run_once(
+    side: str, workdir: Path, steps: int, warmup: int, extra: list[str], threads: int | None = None
+) -> dict[str, float]:
+    """One training run of `side` (with `threads` torch threads, else the inherited setting); its per-step medians,
+    start-up, peak memory."""
+    output = workdir / side
+    overrides = ["--output_dir", str(output), "--run_name", "bench", "--max_steps", str(steps)]
+    overrides += ["--save_strategy", "no", "--logging_steps", "1", "--report_to", "tensorboard", *extra]
+    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    measured: Measured = check(run_measured([*SIDES[side], "--config", str(RECIPE), *overrides], env=env), side)
+    log = read_step_log(output)
+    if len(log.wall_times) != steps:
+        raise RuntimeError(f"{side}: {len(log.wall_times)} logged steps of {steps}")
+    periods = log.step_periods()[warmup:]  # period k is step k+2: step 1 (lazy initialisation) is never in it
+    walls = log.wall_times[warmup:]
+    cpu = [measured.cpu_at(b) - measured.cpu_at(a) for a, b in zip(walls, walls[1:], strict=False)]
+    return {
+        "s_per_step": median(periods),
+        "trl_step_time": median(log.step_times[warmup + 1 :]),
+        "cpu_s_per_step": median(cpu),
+        "first_step_s": log.step_times[0],
+        "startup_s": log.first_step_start() - measured.started,
+        "wall_s": measured.wall_s,
+        "peak_rss_mib": measured.peak_rss_mib,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=4, help="A/B pairs (each: one run of ours, one of bare TRL)")
+    parser.add_argument("--steps", type=int, default=12, help="training steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="step periods left out of the medians")
+    parser.add_argument("--quick", action="store_true", help="smallest setting: 1 pair of 4 steps (smoke test)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("extra", nargs="*", help="more `--key value` recipe overrides for both sides, after `--`")
+    args = parser.parse_args()
+    if args.quick:
+        args.pairs, args.steps, args.warmup = 1, 4, 1
+    if args.steps < args.warmup + 3:
+        parser.error("--steps must leave at least two step periods after --warmup")
+
+    runs: dict[str, list[dict[str, float]]] = {"ours": [], "bare": []}
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        for pair in range(args.pairs):
+            order = ("ours", "bare") if pair % 2 == 0 else ("bare", "ours")
+            for side in order:
+                result = run_once(side, Path(tmp) / f"{pair}", args.steps, args.warmup, args.extra)
+                runs[side].append(result)
+                print(f"pair {pair + 1}/{args.pairs} {side}: " + ", ".join(f"{k} {v:.3g}" for k, v in result.items()))
+
+    keys = list(runs["ours"][0])
+    rows = []
+    figures: dict[str, Any] = {"pairs": args.pairs, "steps": args.steps, "machine": machine()}
+    for key in keys:
+        ours, bare = median([r[key] for r in runs["ours"]]), median([r[key] for r in runs["bare"]])
+        ratio = median([a[key] / b[key] for a, b in zip(runs["ours"], runs["bare"], strict=True) if b[key] > 0])
+        rows.append([key, ours, bare, ratio])
+        figures[key] = {"ours": ours, "bare": bare, "ratio": ratio}
+    threads = f", OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if "OMP_NUM_THREADS" in os.environ else ""
+    print(
+        f"\nTraining overhead, tiny recipe, {args.pairs} interleaved pairs of {args.steps} steps{threads} ({machine()})"
+    )
+    print(markdown_table(["figure (median)", "ours", "bare TRL", "ours / bare (median of pairs)"], rows))
+    ratio = figures["s_per_step"]["ratio"]
+    print(f"overhead ratio (s/step): {ratio:.3f}  target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}")
+    report("train_overhead", figures, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The benchmarks run and print their figures (smallest settings; nothing here is timed or compared to a threshold),
+and the two measuring helpers they all rely on read what they claim to read."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_script
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from common import read_step_log, run_measured  # noqa: E402
+
+BENCHMARKS = ("data_pipeline", "startup", "eval_throughput", "train_overhead", "step_profile", "memory_scaling")
+
+
+def _numbers(value) -> list[float]:
+    """Every number inside a JSON value."""
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return [float(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def test_run_measured_reports_each_child_own_peak_memory() -> None:
+    """A big child followed by a small one: the small one's peak must not inherit the big one's (it would with
+    RUSAGE_CHILDREN, which keeps the largest child ever waited for)."""
+    big = run_measured(["-c", "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096])"])
+    small = run_measured(["-c", "pass"])
+    assert big.returncode == small.returncode == 0
+    assert big.peak_rss_mib > 300
+    assert small.peak_rss_mib < big.peak_rss_mib - 250
+    assert big.cpu_s >= 0 and big.wall_s > 0
+
+
+def test_read_step_log_pairs_each_step_with_its_log_time(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "runs" / "x"))
+    step_times = [5.0, 1.5, 1.25, 1.0]
+    for step, value in enumerate(step_times, start=1):
+        writer.add_scalar("train/loss", 0.0, step)
+        writer.add_scalar("train/step_time", value, step, walltime=1000.0 + 10 * step)
+    writer.close()
+    log = read_step_log(tmp_path)
+    assert log.step_times == step_times
+    assert log.wall_times == [1010.0, 1020.0, 1030.0, 1040.0]
+    assert log.step_periods() == [10.0, 10.0, 10.0]
+    assert log.first_step_start() == 1010.0 - 5.0
+
+
+def test_gpu_benchmark_config_has_the_3b_model_size() -> None:
+    """The prepared GPU script imports and builds its configuration anywhere; Qwen2.5-VL-3B has 3.75 B parameters."""
+    process = run_script(["benchmarks/gpu_qwen2_5_vl_3b.py", "--dry-run"], timeout=300)
+    figures = json.loads(process.stdout.split("RESULT gpu_qwen2_5_vl_3b ", 1)[1].splitlines()[0])
+    assert 3.7e9 < figures["parameters"] < 3.8e9
+
+
+@pytest.mark.slow
+def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Path) -> None:
+    process = run_script(["benchmarks/run_all.py", "--quick", "--out", str(tmp_path)], timeout=1800)
+    for name in BENCHMARKS:
+        assert f"=== {name} ===" in process.stdout
+        figures = json.loads((tmp_path / f"{name}.json").read_text())
+        numbers = _numbers(figures)
+        assert numbers and all(math.isfinite(n) and n >= 0 for n in numbers), name
+    overhead = json.loads((tmp_path / "train_overhead.json").read_text())
+    assert overhead["s_per_step"]["ours"] > 0 and overhead["s_per_step"]["bare"] > 0
+    assert overhead["startup_s"]["ours"] > 0 and overhead["peak_rss_mib"]["ours"] > 100
+    evaluation = json.loads((tmp_path / "eval_throughput.json").read_text())
+    assert evaluation["base batch 8"]["same_answers_as_batch_1"] == evaluation["items"]  # batching changes nothing
+    scaling = json.loads((tmp_path / "memory_scaling.json").read_text())
+    assert len(scaling["train"]) >= 3 and scaling["evaluator"]["peak_rss_mib"] > 100
+    summary = process.stdout.split("=== summary", 1)[1]
+    for figure in ("ours / bare TRL", "batched / one at a time", "peak RSS, evaluator", "dataset preparation"):
+        assert figure in summary
