@@ -40,35 +40,32 @@ def main() -> None:
 
     # The entry point's module body is its imports (callbacks, data, rewards, runs); `main` does not run.
     timed("import the entry point's modules", lambda: runpy.run_path(str(REPO / "recipes" / "train.py")))
-    from trl import GRPOConfig, ModelConfig
+    from trl import GRPOConfig
 
     from vision_grpo.callbacks import TensorBoardHParams, recipe_hparams
-    from vision_grpo.config import TaskArguments, parse_recipe
     from vision_grpo.data import get_dataset
     from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
     from vision_grpo.rewards import get_reward_funcs
     from vision_grpo.runs import write_run_start
     from vision_grpo.tiny_model import build_tiny_vlm
-    from vision_grpo.training import GracefulStop, VisionGRPOTrainer, check_visual_tokens, prepare_run_dir
+    from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
 
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         argv = ["--config", args.recipe, "--output_dir", tmp, "--run_name", "bench", "--report_to", "none"]
-        task, train, model_args = timed(
-            "parse the recipe", lambda: parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
-        )
-        run_dir = prepare_run_dir(train, "bench")
+        run = timed("parse the recipe, run folder", lambda: RecipeRun.start(GRPOConfig, argv))
+        task, train, model_args = run.task_args, run.training_args, run.model_args
         if model_args.model_name_or_path == TINY_MODEL:
             timed("build the tiny model (cold cache only)", lambda: build_tiny_vlm(Path(tmp) / "cold"))
         processor = timed("processor (cached model)", lambda: get_processor(model_args, task))
+        eos = [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]
+        rewards = timed(
+            "reward plugins", lambda: get_reward_funcs(task.reward_funcs, task.reward_dirs, {"eos_token_ids": eos})
+        )
         model = timed("model weights", lambda: load_model(model_args))
         dataset = timed("dataset rows", lambda: get_dataset(task, "train", max_pixels_of(processor)))
         timed(
             "visual-token check",
             lambda: check_visual_tokens(dataset, processor, task.token_check_samples, train.chat_template_kwargs or {}),
-        )
-        eos = [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]
-        rewards = timed(
-            "reward plugins", lambda: get_reward_funcs(task.reward_funcs, task.reward_dirs, {"eos_token_ids": eos})
         )
         timed(
             "trainer (LoRA wrapping, optimizer set-up)",
@@ -79,12 +76,12 @@ def main() -> None:
                 train_dataset=dataset,
                 processing_class=processor,
                 peft_config=get_peft_config(model_args, task),
-                callbacks=[GracefulStop(), TensorBoardHParams(run_dir, recipe_hparams(task, train, model_args))],
+                callbacks=[GracefulStop(), TensorBoardHParams(run.run_dir, recipe_hparams(task, train, model_args))],
             ),
         )
         timed(
             "run manifest (git state, versions)",
-            lambda: write_run_start(run_dir, args.recipe, argv, (task, train, model_args)),
+            lambda: write_run_start(run.run_dir, run.recipe_path, argv, (task, train, model_args)),
         )
 
     warm_total = sum(v for k, v in stages.items() if "cold" not in k)
