@@ -12,6 +12,9 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TOKENIZERS_PARALLELISM := false
 export DS_BUILD_OPS := 0
+# One torch thread unless you say otherwise: with 2 threads on a 2-core machine that also runs other work, each
+# thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
+export OMP_NUM_THREADS ?= 1
 
 .PHONY: install test test-fast demo bench lint clean
 

@@ -100,7 +100,8 @@ class Evaluator:
             processor_kwargs={"padding": True},
             **self.chat_template_kwargs,
         )
-        inputs.pop("mm_token_type_ids", None)
+        # Keep every field the processor returns, as TRL does in training: Qwen-VL models place their multimodal
+        # rotary positions with `mm_token_type_ids`; dropping it silently changes what the model sees.
         return inputs.to(self.model.device)
 
     @torch.inference_mode()

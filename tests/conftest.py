@@ -19,6 +19,9 @@ os.environ.update(
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # One torch thread per process: the suite runs several processes at once on 2 cores, and spinning threads
+        # made runs 10-100x slower (benchmarks/memory_scaling.py measures it).
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "HF_HOME": str(_SESSION_HOME / "hf"),
         "VISION_GRPO_CACHE": os.environ.get("VISION_GRPO_TEST_CACHE", str(_SESSION_HOME / "vision_grpo")),
     }

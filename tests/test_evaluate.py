@@ -46,6 +46,7 @@ from vision_grpo.eval.evaluate import (
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
 from vision_grpo.tiny_model import build_config, build_tokenizer
+from vision_grpo.training import fill_image
 
 RECIPE_CLASSES = (TaskArguments, GRPOConfig, ModelConfig, EvalArguments)
 SHAPES_RECIPE = "recipes/shapes/tiny_cpu.yaml"
@@ -334,6 +335,28 @@ def test_batches_are_left_padded_without_processor_warnings(geoqa_fixture: Path)
     assert bool(mask[:, -1].all()), "padding on the right: generation would continue after pad tokens"
     for row_mask, length in zip(mask, lengths, strict=True):  # ones form one block at the end
         assert bool(row_mask[-int(length) :].all()) and not bool(row_mask[: -int(length)].any())
+
+
+def test_generation_inputs_are_those_training_gives_the_model(geoqa_fixture: Path) -> None:
+    """TRL passes every processor field to `generate` in training; the evaluator must too. Qwen-VL places its
+    multimodal rotary positions with `mm_token_type_ids`: dropping it made a trained model answer differently."""
+    task, _, model_args, _ = parse_recipe(
+        RECIPE_CLASSES, ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture)]
+    )
+    processor = get_processor(model_args, task)
+    rows = list(get_dataset(task, "eval", max_pixels_of(processor)).select(range(2)))
+    evaluator = Evaluator(load_tiny(), processor, "geoqa", [], {})
+    inputs = evaluator.encode(rows, [row["image"] for row in rows])
+    rendered = processor.apply_chat_template(
+        [fill_image(row["prompt"], row["image"]) for row in rows],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        processor_kwargs={"padding": True},
+    )
+    assert "mm_token_type_ids" in rendered
+    assert set(inputs) == set(rendered)
 
 
 @pytest.mark.slow
