@@ -80,6 +80,10 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
+def _distinct(summary: dict[str, Any]) -> str:
+    return str(round(summary["distinct_output_rate"] * summary["n"]))
+
+
 def report(base: dict, trained: dict, base_blank: dict, trained_blank: dict) -> tuple[str, dict[str, Any]]:
     """The before/after table and the honesty checks, computed from the result files' records."""
     test = mcnemar_exact(base["records"], trained["records"])
@@ -94,7 +98,7 @@ def report(base: dict, trained: dict, base_blank: dict, trained_blank: dict) -> 
     rows += [(f"reward part `{k}`", f"{v:.3f}", f"{t['rewards'][k]:.3f}") for k, v in b["rewards"].items()]
     rows += [
         ("-- honesty checks --", "", ""),
-        ("distinct greedy outputs / images", _pct(b["distinct_output_rate"]), _pct(t["distinct_output_rate"])),
+        ("distinct greedy outputs across the images", _distinct(b), _distinct(t)),
         (
             "strict accuracy with a blank image",
             _pct(base_blank["summary"]["accuracy"]),
@@ -150,7 +154,7 @@ def plot(grpo_run: Path, base: dict, trained: dict, trained_blank: dict, path: P
     )
     bars.set_xticks(list(xs), names)
     bars.set(title=f"held-out images (n = {base['summary']['n']})", ylim=(0, 1))
-    bars.legend(fontsize=8)
+    bars.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
