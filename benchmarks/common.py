@@ -49,6 +49,22 @@ class Measured:
         return float(np.interp(wall_time, times, cpu))
 
 
+def _peak_rss_so_far_mib(pid: int) -> float | None:
+    """The kernel's high-water mark of resident memory of process `pid` (VmHWM), in MiB; None once it is gone.
+
+    Unlike `ru_maxrss`, VmHWM belongs to the memory image started by exec: a child forked from a large parent (a
+    long pytest session) does not report the parent's peak as its own. Being a high-water mark, a reading taken
+    any time after the peak holds it.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of process `pid` so far (all its threads), from /proc; None once it is gone."""
     try:
@@ -72,10 +88,12 @@ def run_measured(args: Sequence[str], timeout: float = 900, env: dict[str, str] 
             [sys.executable, *args], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
         samples: list[tuple[float, float]] = [(started, 0.0)]
+        peak_mib = 0.0
         while True:
             cpu = _cpu_seconds(process.pid)
             if cpu is not None:
                 samples.append((time.time(), cpu))
+            peak_mib = max(peak_mib, _peak_rss_so_far_mib(process.pid) or 0.0)
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
                 break
@@ -89,9 +107,11 @@ def run_measured(args: Sequence[str], timeout: float = 900, env: dict[str, str] 
         sink.seek(0)
         output = sink.read()
     log.unlink()
-    # Linux reports ru_maxrss in KiB.
+    # Fallback for a child that ended before its first reading: ru_maxrss (KiB on Linux), which can include the
+    # memory of the process it was forked from.
+    peak_mib = peak_mib or usage.ru_maxrss / 1024
     cpu_total = usage.ru_utime + usage.ru_stime
-    return Measured(process.returncode, wall, usage.ru_maxrss / 1024, cpu_total, output, started, samples)
+    return Measured(process.returncode, wall, peak_mib, cpu_total, output, started, samples)
 
 
 def check(measured: Measured, what: str) -> Measured:

@@ -28,9 +28,15 @@ def _numbers(value) -> list[float]:
 
 def test_run_measured_reports_each_child_own_peak_memory() -> None:
     """A big child followed by a small one: the small one's peak must not inherit the big one's (it would with
-    RUSAGE_CHILDREN, which keeps the largest child ever waited for)."""
-    big = run_measured(["-c", "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096])"])
-    small = run_measured(["-c", "pass"])
+    RUSAGE_CHILDREN, which keeps the largest child ever waited for), nor this (possibly large) test process's.
+    Both children stay alive long enough to be read (the reader polls every 50 ms)."""
+    big = run_measured(
+        ["-c", "import time; x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); time.sleep(0.3)"]
+    )
+    ballast = bytearray(600 * 2**20)  # this process grows: a child forked now must not report it as its own
+    ballast[::4096] = b"1" * len(ballast[::4096])
+    small = run_measured(["-c", "import time; time.sleep(0.3)"])
+    del ballast
     assert big.returncode == small.returncode == 0
     assert big.peak_rss_mib > 300
     assert small.peak_rss_mib < big.peak_rss_mib - 250
