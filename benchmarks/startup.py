@@ -45,7 +45,7 @@ def main() -> None:
     from vision_grpo.callbacks import TensorBoardHParams, recipe_hparams
     from vision_grpo.data import get_dataset
     from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
-    from vision_grpo.rewards import get_reward_funcs
+    from vision_grpo.rewards import get_recipe_rewards
     from vision_grpo.runs import write_run_start
     from vision_grpo.tiny_model import build_tiny_vlm
     from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
@@ -57,10 +57,7 @@ def main() -> None:
         if model_args.model_name_or_path == TINY_MODEL:
             timed("build the tiny model (cold cache only)", lambda: build_tiny_vlm(Path(tmp) / "cold"))
         processor = timed("processor (cached model)", lambda: get_processor(model_args, task))
-        eos = [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]
-        rewards = timed(
-            "reward plugins", lambda: get_reward_funcs(task.reward_funcs, task.reward_dirs, {"eos_token_ids": eos})
-        )
+        rewards = timed("reward plugins", lambda: get_recipe_rewards(task, processor.tokenizer))
         model = timed("model weights", lambda: load_model(model_args))
         dataset = timed("dataset rows", lambda: get_dataset(task, "train", max_pixels_of(processor)))
         timed(

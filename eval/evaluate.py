@@ -32,8 +32,8 @@ from vision_grpo.data import get_dataset, shape_spec
 from vision_grpo.eval.adapters import adapter_base_model, check_adapter_dir, load_verified_adapter
 from vision_grpo.eval.scoring import SCORERS, summarize
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of
-from vision_grpo.rewards import get_reward_funcs
-from vision_grpo.runs import package_versions
+from vision_grpo.rewards import get_recipe_rewards
+from vision_grpo.runs import package_versions, write_text_atomic
 from vision_grpo.training import fill_image
 
 logger = logging.getLogger("vision_grpo.evaluate")
@@ -252,13 +252,6 @@ def run_evaluation(
     return result
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` through a temporary file and rename: the final name never holds a partial file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
     """`content` as indented JSON, written atomically."""
     write_text_atomic(path, json.dumps(content, indent=1, ensure_ascii=False))
@@ -270,8 +263,7 @@ def build_evaluator(task_args: TaskArguments, train_args: Any, model_args: Model
     model = load_model(model_args, train_args.trust_remote_code)
     if eval_args.adapter:
         model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
-    eos_ids = [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]
-    rewards = get_reward_funcs(task_args.reward_funcs, task_args.reward_dirs, context={"eos_token_ids": eos_ids})
+    rewards = get_recipe_rewards(task_args, processor.tokenizer)
     evaluator = Evaluator(model, processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
     return evaluator, processor
 

@@ -16,7 +16,7 @@ from trl import GRPOConfig
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
-from vision_grpo.rewards import get_reward_funcs
+from vision_grpo.rewards import get_recipe_rewards
 from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
 
 logger = logging.getLogger("vision_grpo.train")
@@ -31,11 +31,7 @@ def main(argv: list[str] | None = None) -> Path:
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
     # Rewards: plugins from rewards/ (and `reward_dirs`), picked by name; loaded before the model so that a typo in
     # a reward name fails in seconds, not after a multi-GB model load.
-    reward_funcs = get_reward_funcs(
-        task_args.reward_funcs,
-        task_args.reward_dirs,
-        context={"eos_token_ids": [processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id]},
-    )
+    reward_funcs = get_recipe_rewards(task_args, processor.tokenizer)
     model = load_model(model_args, training_args.trust_remote_code)
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)

@@ -145,3 +145,10 @@ def get_reward_funcs(
     if missing:
         raise RewardPluginError(f"unknown reward(s) {missing}; available: {sorted(registry)}")
     return [_checked(registry[name], context or {}) for name in names]
+
+
+def get_recipe_rewards(task_args: Any, tokenizer: Any) -> list[RewardFunc]:
+    """A recipe's `reward_funcs` with the context they may ask for: one function, so that training, evaluation and
+    the held-out curves score completions identically (EOS ids decide which completions were cut off)."""
+    eos_token_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    return get_reward_funcs(task_args.reward_funcs, task_args.reward_dirs, context={"eos_token_ids": eos_token_ids})

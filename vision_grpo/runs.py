@@ -117,8 +117,12 @@ def write_run_end(run_dir: Path, **extra: Any) -> None:
     _write_json(path, manifest)
 
 
-def _write_json(path: Path, content: dict[str, Any]) -> None:
-    """Write through a temporary file and rename, so no half-written manifest is ever read."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file and rename: the final name never holds a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(content, indent=2, ensure_ascii=False, default=str))
