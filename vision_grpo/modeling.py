@@ -78,8 +78,11 @@ def _dtype(name: str | None) -> Any:
     return getattr(torch, name)
 
 
-def load_model(model_args: Any, trust_remote_code: bool = False) -> PreTrainedModel:
-    """The vision-language model of a recipe's `ModelConfig` (`trust_remote_code` off unless the recipe sets it)."""
+def load_model(model_args: Any, trust_remote_code: bool = False, device_map: Any = None) -> PreTrainedModel:
+    """The vision-language model of a recipe's `ModelConfig` (`trust_remote_code` off unless the recipe sets it).
+
+    `device_map`: None (training: the trainer places the model), a device, or `"auto"` (spread over the GPUs).
+    """
     if trust_remote_code:
         logger.warning("trust_remote_code is on: code from %s will run", model_args.model_name_or_path)
     return AutoModelForImageTextToText.from_pretrained(
@@ -88,7 +91,17 @@ def load_model(model_args: Any, trust_remote_code: bool = False) -> PreTrainedMo
         dtype=_dtype(model_args.dtype),
         attn_implementation=model_args.attn_implementation,
         trust_remote_code=trust_remote_code,
+        device_map=device_map,
     )
+
+
+VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_special_token_ids(tokenizer: Any) -> list[int]:
+    """The ids of the Qwen-VL vision tokens this tokenizer has: a model must never generate them (suppressed)."""
+    vocab = tokenizer.get_vocab()
+    return [vocab[token] for token in VISION_SPECIAL_TOKENS if token in vocab]
 
 
 def get_processor(model_args: Any, task_args: Any, trust_remote_code: bool = False):
