@@ -87,10 +87,10 @@ def parameter_count() -> int:
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vision_grpo.tiny_model import build_tokenizer
+    from vision_grpo.tiny_model import FAMILIES, build_tokenizer
 
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_3b_config(build_tokenizer()))
+        model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_3b_config(build_tokenizer(FAMILIES["qwen2.5-vl"])))
     return sum(p.numel() for p in model.parameters())
 
 
@@ -99,19 +99,19 @@ def build(target: Path) -> Path:
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vision_grpo.processing import build_image_only_processor
-    from vision_grpo.tiny_model import build_tokenizer
+    from vision_grpo.tiny_model import FAMILIES, build_processor, build_tokenizer
 
     if (target / "config.json").exists():
         return target
-    tokenizer = build_tokenizer()
+    family = FAMILIES["qwen2.5-vl"]
+    tokenizer = build_tokenizer(family)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_3b_config(tokenizer)).to(torch.bfloat16)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(target)
-    build_image_only_processor(tokenizer, MIN_PIXELS, MAX_PIXELS).save_pretrained(target)
+    build_processor(family, tokenizer, MIN_PIXELS, MAX_PIXELS).save_pretrained(target)
     return target
 
 

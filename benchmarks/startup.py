@@ -47,22 +47,25 @@ def main() -> None:
     from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
     from vision_grpo.rewards import get_recipe_rewards
     from vision_grpo.runs import write_run_start
-    from vision_grpo.tiny_model import build_tiny_vlm
-    from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
+    from vision_grpo.tiny_model import build_replica
+    from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer
+    from vision_grpo.visual_tokens import check_visual_tokens
 
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         argv = ["--config", args.recipe, "--output_dir", tmp, "--run_name", "bench", "--report_to", "none"]
         run = timed("parse the recipe, run folder", lambda: RecipeRun.start(GRPOConfig, argv))
         task, train, model_args = run.task_args, run.training_args, run.model_args
         if model_args.model_name_or_path == TINY_MODEL:
-            timed("build the tiny model (cold cache only)", lambda: build_tiny_vlm(Path(tmp) / "cold"))
+            timed("build the tiny model (cold cache only)", lambda: build_replica("qwen2.5-vl", Path(tmp) / "cold"))
         processor = timed("processor (cached model)", lambda: get_processor(model_args, task))
         rewards = timed("reward plugins", lambda: get_recipe_rewards(task, processor.tokenizer))
         model = timed("model weights", lambda: load_model(model_args))
         dataset = timed("dataset rows", lambda: get_dataset(task, "train", max_pixels_of(processor)))
         timed(
             "visual-token check",
-            lambda: check_visual_tokens(dataset, processor, task.token_check_samples, train.chat_template_kwargs or {}),
+            lambda: check_visual_tokens(
+                dataset, processor, model.config, task.token_check_samples, train.chat_template_kwargs or {}
+            ),
         )
         timed(
             "trainer (LoRA wrapping, optimizer set-up)",

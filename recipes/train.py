@@ -17,7 +17,8 @@ from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hp
 from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_recipe_rewards
-from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer, check_visual_tokens
+from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer
+from vision_grpo.visual_tokens import check_visual_tokens
 
 logger = logging.getLogger("vision_grpo.train")
 
@@ -36,10 +37,15 @@ def main(argv: list[str] | None = None) -> Path:
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
-    # Dataset: prompts and normalised images through data/collator.py, checked against the processor.
+    # Dataset: prompts and normalised images through data/collator.py, checked against what the model consumes.
     train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
     checked = check_visual_tokens(
-        train_dataset, processor, task_args.token_check_samples, training_args.chat_template_kwargs or {}
+        train_dataset,
+        processor,
+        model.config,
+        task_args.token_check_samples,
+        training_args.chat_template_kwargs or {},
+        (task_args.min_pixels, task_args.max_pixels),
     )
     logger.info("%d training prompts; image-token count checked on %d", len(train_dataset), checked)
 

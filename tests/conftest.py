@@ -28,6 +28,10 @@ os.environ.update(
 )
 
 
+# The embedded replicas, one per Qwen-VL family; end-to-end tests are parametrised over them.
+FAMILY_MODELS = ["vision-grpo/tiny-qwen2.5-vl", "vision-grpo/tiny-qwen3-vl", "vision-grpo/tiny-qwen3.5"]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     """The embedded tiny VLM, built once per test session through the same resolver the recipes use."""

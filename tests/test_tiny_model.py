@@ -1,42 +1,79 @@
-"""The embedded tiny Qwen2.5-VL: built deterministically, loaded offline through the recipes' loaders, and its prompts
-hold exactly the image tokens the processor computes."""
+"""The embedded replicas of Qwen2.5-VL, Qwen3-VL and Qwen3.5: built deterministically, faithful to their family
+(architecture, config features, TRL's real chat template, processor, special tokens), loaded offline through the
+recipes' loaders; and the visual-token check that compares prompts with what the model will consume."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+import trl.chat_template_utils as trl_templates
+from conftest import FAMILY_MODELS
+from peft import get_peft_model
 from PIL import Image
 from safetensors.torch import load_file
 from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
-from vision_grpo.modeling import TINY_MODEL, get_processor, load_model, max_pixels_of
-from vision_grpo.tiny_model import build_tiny_vlm
-from vision_grpo.training import VisualTokenMismatch, check_visual_tokens
+from vision_grpo.modeling import get_peft_config, get_processor, load_model, max_pixels_of, resolve_model_path
+from vision_grpo.tiny_model import FAMILIES, build_replica
+from vision_grpo.visual_tokens import VisualTokenMismatch, check_visual_tokens
 
 QUESTION = "How many circles are in the image?"
+# What each replica must be: the class transformers maps its config to, the processor class, TRL's template.
+EXPECTED = {
+    "vision-grpo/tiny-qwen2.5-vl": (
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2_5_VLProcessor",
+        trl_templates.qwen2_5_vl_chat_template,
+    ),
+    "vision-grpo/tiny-qwen3-vl": (
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3VLProcessor",
+        trl_templates.qwen3_vl_chat_template,
+    ),
+    "vision-grpo/tiny-qwen3.5": (
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3VLProcessor",
+        trl_templates.qwen3_5_think_chat_template,
+    ),
+}
+# Image tokens for a 140x140 image: 10x10 patches of 14 px merged 2x2 (Qwen2.5-VL), 8x8 of 16 px (Qwen3 families).
+TOKENS_140PX = {"vision-grpo/tiny-qwen2.5-vl": 25, "vision-grpo/tiny-qwen3-vl": 16, "vision-grpo/tiny-qwen3.5": 16}
+# LoRA targets on the language model: Qwen3.5's Gated DeltaNet layers have their own projections.
+LINEAR_ATTENTION = {"in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"}
+FULL_ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
-@pytest.fixture(scope="module")
-def model_args(tiny_model_path: Path) -> ModelConfig:
-    return ModelConfig(model_name_or_path=TINY_MODEL, dtype="float32")
+def model_args(name: str, **extra) -> ModelConfig:
+    return ModelConfig(model_name_or_path=name, dtype="float32", **extra)
+
+
+def messages() -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+
+
+@pytest.fixture(params=FAMILY_MODELS)
+def name(request) -> str:
+    return request.param
 
 
 @pytest.fixture
-def processor(model_args: ModelConfig):
-    return get_processor(model_args, TaskArguments())
+def processor(name: str):
+    return get_processor(model_args(name), TaskArguments())
 
 
-def test_building_is_deterministic_for_a_seed(tmp_path: Path) -> None:
-    first, again, other = (build_tiny_vlm(tmp_path / name, seed=s) for name, s in (("a", 0), ("b", 0), ("c", 1)))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_building_is_deterministic_for_a_seed(family: str, tmp_path: Path) -> None:
+    first, again, other = (build_replica(family, tmp_path / n, seed=s) for n, s in (("a", 0), ("b", 0), ("c", 1)))
     first_weights, again_weights = weights(first), weights(again)
     assert first_weights.keys() == again_weights.keys()
     assert all(torch.equal(first_weights[k], again_weights[k]) for k in first_weights)
@@ -45,56 +82,136 @@ def test_building_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     assert not (tmp_path / "a.partial").exists()
 
 
-def test_loads_offline_through_the_recipe_loaders(model_args: ModelConfig, processor) -> None:
+def test_each_replica_loads_offline_as_its_family(name: str, processor) -> None:
+    model_class, processor_class, template = EXPECTED[name]
     assert os.environ["HF_HUB_OFFLINE"] == "1"
-    model = load_model(model_args)
-    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    model = load_model(model_args(name))
+    assert type(model).__name__ == model_class
+    assert type(processor).__name__ == processor_class
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    assert processor.chat_template == template  # TRL recognises templates by exact string equality
     assert model.config.image_token_id == processor.image_token_id
     assert processor.tokenizer.padding_side == "left"
+    folder = Path(resolve_model_path(name))
+    for filename in ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja"):
+        assert (folder / filename).is_file(), filename
+    assert (folder / "chat_template.jinja").read_text(encoding="utf-8") == template
+    for filename in ("processor_config.json", "tokenizer_config.json"):
+        assert json.loads((folder / filename).read_text())["processor_class"] == processor_class
 
 
-def test_a_140px_image_becomes_25_image_tokens(processor) -> None:
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def test_special_tokens_have_qwens_names_and_roles(name: str, processor) -> None:
+    tokenizer = processor.tokenizer
+    config = load_model(model_args(name)).config
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    ids = tokenizer.convert_tokens_to_ids
+    assert config.image_token_id == ids("<|image_pad|>") and config.video_token_id == ids("<|video_pad|>")
+    assert config.vision_start_token_id == ids("<|vision_start|>")
+    assert config.vision_end_token_id == ids("<|vision_end|>")
+    for token in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>"):
+        assert tokenizer.decode([ids(token)], skip_special_tokens=True) == ""
+    if name != "vision-grpo/tiny-qwen2.5-vl":  # Qwen3's think tags are added tokens that decoding keeps
+        text = tokenizer.decode(tokenizer.encode("<think>\nhm\n</think>\n\n2"), skip_special_tokens=True)
+        assert text == "<think>\nhm\n</think>\n\n2"
+        assert len(tokenizer.encode("<think>")) == 1
+
+
+def test_family_config_features() -> None:
+    configs = {name: load_model(model_args(name)).config for name in FAMILY_MODELS}
+    qwen2_5 = configs["vision-grpo/tiny-qwen2.5-vl"]
+    assert qwen2_5.vision_config.patch_size == 14 and qwen2_5.vision_config.fullatt_block_indexes == [1]
+    qwen3 = configs["vision-grpo/tiny-qwen3-vl"]
+    assert qwen3.vision_config.patch_size == 16
+    assert all(0 <= i < qwen3.vision_config.depth for i in qwen3.vision_config.deepstack_visual_indexes)
+    assert qwen3.text_config.rope_parameters["mrope_interleaved"] is True
+    qwen3_5 = configs["vision-grpo/tiny-qwen3.5"]
+    assert sorted(qwen3_5.text_config.layer_types) == ["full_attention", "linear_attention"]
+    assert qwen3_5.vision_config.patch_size == 16
+    for config in configs.values():  # the rotary sections cover exactly the rotated half of a head
+        text = config.text_config
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        rotary = int(head_dim * text.rope_parameters.get("partial_rotary_factor", 1.0))
+        assert sum(text.rope_parameters["mrope_section"]) == rotary // 2
+
+
+def test_generation_prompts_render_as_the_family_does(name: str, processor) -> None:
+    rendered = processor.apply_chat_template(messages(), add_generation_prompt=True, tokenize=False)
+    user = f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{QUESTION}<|im_end|>\n"
+    expected = {
+        "vision-grpo/tiny-qwen2.5-vl": f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{user}"
+        "<|im_start|>assistant\n",
+        "vision-grpo/tiny-qwen3-vl": f"{user}<|im_start|>assistant\n",
+        "vision-grpo/tiny-qwen3.5": f"{user}<|im_start|>assistant\n<think>\n",
+    }
+    assert rendered == expected[name]
+    no_thinking = processor.apply_chat_template(
+        messages(), add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    if name == "vision-grpo/tiny-qwen3.5":  # the seed's setting renders an empty think block
+        assert no_thinking == f"{user}<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    else:
+        assert no_thinking == rendered
+
+
+def test_a_140px_image_becomes_the_familys_image_tokens(name: str, processor) -> None:
+    text = processor.apply_chat_template(messages(), add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[Image.new("RGB", (140, 140), "white")], return_tensors="pt")
-    assert int((inputs["input_ids"] == processor.image_token_id).sum()) == 25
-    assert inputs["image_grid_thw"].tolist() == [[1, 10, 10]]  # 10x10 patches, merged 2x2
+    assert int((inputs["input_ids"] == processor.image_token_id).sum()) == TOKENS_140PX[name]
 
 
-@pytest.mark.parametrize(
-    "image_part", [{"type": "image"}, {"type": "image", "text": None}], ids=["plain", "datasets-form"]
-)
-def test_the_chat_template_renders_image_and_text_parts(processor, image_part: dict) -> None:
-    messages = [{"role": "user", "content": [image_part, {"type": "text", "text": QUESTION}]}]
-    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert rendered == (
-        f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
-    )
-    text_only = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "2"}]
-    assert processor.apply_chat_template(text_only, tokenize=False) == (
-        f"<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n2<|im_end|>\n"
-    )
+def test_lora_adapts_every_language_projection_and_nothing_in_the_vision_tower(name: str) -> None:
+    args = model_args(name, use_peft=True, lora_r=4)
+    model = get_peft_model(load_model(args), get_peft_config(args, TaskArguments()))
+    adapted = {n.split(".lora_A")[0] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert adapted and not any("visual" in n for n in adapted)
+    kinds = {n.rsplit(".", 1)[-1] for n in adapted}
+    expected = FULL_ATTENTION | (LINEAR_ATTENTION if name == "vision-grpo/tiny-qwen3.5" else set())
+    assert kinds == expected
 
 
 @pytest.fixture
 def dataset(processor):
-    task = TaskArguments(shapes_train_size=3, shapes_canvas=256)
-    return get_dataset(task, "train", max_pixels_of(processor))
+    return get_dataset(TaskArguments(shapes_train_size=3, shapes_canvas=256), "train", max_pixels_of(processor))
 
 
-def test_the_visual_token_check_passes_on_a_real_dataset(dataset, processor) -> None:
-    assert check_visual_tokens(dataset, processor, samples=-1, chat_template_kwargs={}) == len(dataset)
+@pytest.fixture
+def model_config(name: str):
+    return load_model(model_args(name)).config
 
 
-def test_pixel_limits_that_disagree_with_the_rendered_prompt_are_caught(dataset, processor) -> None:
+def test_the_visual_token_check_passes_on_a_real_dataset(dataset, processor, model_config) -> None:
+    checked = check_visual_tokens(dataset, processor, model_config, samples=-1, chat_template_kwargs={})
+    assert checked == len(dataset)
+
+
+def test_a_processor_of_another_family_is_caught_naming_the_row(dataset, model_config, name: str) -> None:
+    other = "vision-grpo/tiny-qwen3.5" if name == "vision-grpo/tiny-qwen2.5-vl" else "vision-grpo/tiny-qwen2.5-vl"
+    wrong = get_processor(model_args(other), TaskArguments())
+    with pytest.raises(VisualTokenMismatch, match=r"example 1-0 .*another model family"):
+        check_visual_tokens(dataset, wrong, model_config, samples=1, chat_template_kwargs={})
+
+
+def test_a_merge_size_the_model_does_not_use_is_caught(dataset, processor, model_config) -> None:
+    processor.image_processor.merge_size = 1  # 4x the image tokens of the model's 2x2 merge
+    with pytest.raises(VisualTokenMismatch, match="vision tower produces"):
+        check_visual_tokens(dataset, processor, model_config, samples=1, chat_template_kwargs={})
+
+
+def test_pixel_limits_set_on_the_image_processor_attributes_are_caught(dataset, processor, model_config) -> None:
     """Qwen's docs suggest setting `image_processor.max_pixels`; it changes the images' tokens but not `size`."""
     processor.image_processor.max_pixels = (3 * 28) ** 2
-    with pytest.raises(VisualTokenMismatch, match="image tokens"):
-        check_visual_tokens(dataset, processor, samples=1, chat_template_kwargs={})
+    with pytest.raises(VisualTokenMismatch, match="pixel limits"):
+        check_visual_tokens(dataset, processor, model_config, samples=1, chat_template_kwargs={})
 
 
-def test_a_chat_template_with_two_image_pads_is_refused(dataset, processor) -> None:
-    processor.chat_template = processor.chat_template.replace("<|image_pad|>", "<|image_pad|><|image_pad|>")
-    with pytest.raises(ValueError, match="image_pad"):
-        check_visual_tokens(dataset, processor, samples=1, chat_template_kwargs={})
+def test_recipe_pixel_limits_that_did_not_reach_the_processor_are_caught(dataset, processor, model_config) -> None:
+    limits = (None, max_pixels_of(processor) // 4)  # the recipe asked for a quarter of what the processor allows
+    with pytest.raises(VisualTokenMismatch, match="did not reach the image processor"):
+        check_visual_tokens(dataset, processor, model_config, 1, {}, pixel_limits=limits)
+
+
+@pytest.mark.parametrize("pads", [0, 2], ids=["no-image-slot", "two-image-pads"])
+def test_a_chat_template_that_renders_the_image_wrongly_is_caught(dataset, processor, model_config, pads) -> None:
+    processor.chat_template = processor.chat_template.replace("<|image_pad|>", "<|image_pad|>" * pads)
+    with pytest.raises((VisualTokenMismatch, ValueError), match="image"):
+        check_visual_tokens(dataset, processor, model_config, samples=1, chat_template_kwargs={})

@@ -7,6 +7,8 @@ From there the tiny model and `Qwen/Qwen2.5-VL-3B-Instruct` load with the same c
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import subprocess
@@ -19,13 +21,18 @@ from filelock import FileLock
 from peft import LoraConfig
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
+from vision_grpo import tiny_model
 from vision_grpo.processing import load_processor
-from vision_grpo.tiny_model import build_tiny_vlm
 
 logger = logging.getLogger(__name__)
 
-TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"
-EMBEDDED_MODELS = {TINY_MODEL: build_tiny_vlm}
+# The embedded replicas, named like Hub models, one per Qwen-VL family (vision_grpo/tiny_model.py).
+EMBEDDED_MODELS = {
+    "vision-grpo/tiny-qwen2.5-vl": functools.partial(tiny_model.build_replica, "qwen2.5-vl"),
+    "vision-grpo/tiny-qwen3-vl": functools.partial(tiny_model.build_replica, "qwen3-vl"),
+    "vision-grpo/tiny-qwen3.5": functools.partial(tiny_model.build_replica, "qwen3.5"),
+}
+TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"  # the default of the tiny recipes and the demo
 # Parameter-name fragments of the vision towers of the supported families (Qwen-VL: `visual`).
 VISION_MODULE_PATTERN = r".*(visual|vision_tower|vision_model).*"
 
@@ -38,7 +45,7 @@ def cache_dir() -> Path:
 def resolve_model_path(name: str) -> str:
     """A path or Hub id that `from_pretrained` can read; builds the embedded model on first use."""
     if name in EMBEDDED_MODELS:
-        target = cache_dir() / name.replace("/", "--")
+        target = cache_dir() / f"{name.replace('/', '--')}--{_builder_version()}"
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
             if not (target / "config.json").exists():
@@ -57,6 +64,16 @@ def resolve_model_path(name: str) -> str:
                 f"use the embedded default `{TINY_MODEL}`"
             )
     return name
+
+
+@functools.cache
+def _builder_version() -> str:
+    """A digest of the replica builder's source and the transformers version: a cached replica built by other code
+    is never reused, so changing `tiny_model.py` (or upgrading transformers) rebuilds instead of loading stale files."""
+    import transformers
+
+    source = Path(tiny_model.__file__).read_bytes() + transformers.__version__.encode()
+    return hashlib.sha256(source).hexdigest()[:10]
 
 
 def _build_embedded(name: str, target: Path) -> None:
@@ -95,6 +112,8 @@ def load_model(model_args: Any, trust_remote_code: bool = False, device_map: Any
     )
 
 
+# Qwen's vision special tokens belong in prompts only. A completion holding one breaks the next forward pass (an image
+# token without image features, a vision start without a grid), so generation must never produce them.
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from typing import Any
 
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin, Qwen2_5_VLProcessor
 from transformers.models.auto.processing_auto import processor_class_from_name
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.utils import cached_file
 
 logger = logging.getLogger(__name__)
@@ -34,12 +34,6 @@ def image_only_processor_class(processor_cls: type[ProcessorMixin]) -> type[Proc
     return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
 
 
-def build_image_only_processor(tokenizer, min_pixels: int, max_pixels: int, processor_cls=Qwen2_5_VLProcessor):
-    """An image-only processor around `tokenizer` with Qwen's image processor and the given pixel limits."""
-    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
-    return image_only_processor_class(processor_cls)(image_processor, tokenizer, chat_template=tokenizer.chat_template)
-
-
 def _needs_torchvision(error: Exception) -> bool:
     return "torchvision" in str(error).lower() or "video" in str(error).lower()
 
@@ -50,21 +44,37 @@ def load_processor(path: str, min_pixels: int | None, max_pixels: int | None, tr
     The pixel limits go to the image processor, so training, evaluation and the visual-token check all see the same
     number of image tokens per image.
     """
-    pixel_kwargs = {k: v for k, v in {"min_pixels": min_pixels, "max_pixels": max_pixels}.items() if v is not None}
     try:
-        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **pixel_kwargs)
+        processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ImportError, ValueError, TypeError, OSError) as error:
         if not _needs_torchvision(error):
             raise
         logger.info("Full processor of %s needs torchvision (%s); loading it image-only.", path, error)
-        image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code, **pixel_kwargs)
+        image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         processor_cls = processor_class_from_name(_processor_class_name(path))
         processor = image_only_processor_class(processor_cls)(
             image_processor, tokenizer, chat_template=tokenizer.chat_template
         )
+    set_pixel_limits(processor.image_processor, min_pixels, max_pixels)
     processor.tokenizer.padding_side = "left"
     return processor
+
+
+def set_pixel_limits(image_processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
+    """Replace the image processor's pixel limits (its `size` edges) with the recipe's, keeping any not given.
+
+    `size={"shortest_edge", "longest_edge"}` is the form transformers 5 reads for every Qwen-VL family; the older
+    `min_pixels`/`max_pixels` keywords are deprecated and warned about on every call.
+    """
+    current = image_processor.size
+    size = {
+        "shortest_edge": current["shortest_edge"] if min_pixels is None else min_pixels,
+        "longest_edge": current["longest_edge"] if max_pixels is None else max_pixels,
+    }
+    if size["shortest_edge"] > size["longest_edge"]:
+        raise ValueError(f"min_pixels {size['shortest_edge']} is larger than max_pixels {size['longest_edge']}")
+    image_processor.size = size
 
 
 def _processor_class_name(path: str) -> str:

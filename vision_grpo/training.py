@@ -15,7 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import datasets
 from accelerate import PartialState
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -23,7 +22,7 @@ from trl import GRPOTrainer, ModelConfig
 from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
-from vision_grpo.modeling import is_vision_parameter
+from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
 from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
 
 logger = logging.getLogger(__name__)
@@ -79,10 +78,6 @@ class RecipeRun:
         return self.run_dir
 
 
-class VisualTokenMismatch(ValueError):
-    """A rendered prompt whose image-token count differs from what the processor computes for its image."""
-
-
 def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     """Point the trainer at `runs/<task>/<recipe>/<run-name>/`: checkpoints, TensorBoard events, resolved recipe.
 
@@ -133,34 +128,6 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
     return str(path)
 
 
-def check_visual_tokens(dataset: datasets.Dataset, processor: Any, samples: int, chat_template_kwargs: dict) -> int:
-    """Render `samples` prompts (-1: all) and compare their image-pad tokens with the processor's own count.
-
-    The expected count is computed from the image size alone (as an inference server would); a mismatch means the
-    chat template, the processor or the pixel limits disagree, and training on it would misalign image features.
-    Returns the number of prompts checked.
-    """
-    count = len(dataset) if samples < 0 else min(samples, len(dataset))
-    image_token_id = processor.image_token_id
-    for row in dataset.select(range(count)):
-        image = row["image"]
-        messages = fill_image(row["prompt"], image)
-        rendered = processor.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True, **chat_template_kwargs
-        )
-        found = sum(1 for token in rendered["input_ids"][0] if token == image_token_id)
-        expected = processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
-        expected = expected["num_image_tokens"][0]
-        if found != expected:
-            size = processor.image_processor.size
-            raise VisualTokenMismatch(
-                f"example {row['id']}: the prompt holds {found} image tokens but a {image.width}x{image.height} "
-                f"image needs {expected} (pixel limits {dict(size)}); check `min_pixels`/`max_pixels` and the chat "
-                "template's image part"
-            )
-    return count
-
-
 def fill_image(prompt: list[dict], image: Any) -> list[dict]:
     """The prompt with its image placeholder holding `image` (how TRL and the evaluator feed the processor)."""
     filled = []
@@ -176,11 +143,21 @@ def fill_image(prompt: list[dict], image: Any) -> list[dict]:
 
 
 class VisionGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate."""
+    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate, and
+    generation never samples a vision special token.
+
+    TRL suppresses only `image_token_id`: a sampled `<|vision_start|>` or `<|video_pad|>` reaches the training forward
+    pass inside the completion, where Qwen-VL models read it as the start of an image or video that has no features.
+    """
 
     def __init__(self, *args: Any, vision_lr_scale: float | None = None, **kwargs: Any) -> None:
         self.vision_lr_scale = vision_lr_scale
         super().__init__(*args, **kwargs)
+        if not self.use_vllm:  # vLLM samples with its own logits processing
+            already = self.generation_kwargs.get("suppress_tokens") or []
+            suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
+            self.generation_kwargs["suppress_tokens"] = suppressed
+            self.generation_config.suppress_tokens = suppressed
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
