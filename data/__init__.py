@@ -126,23 +126,38 @@ def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset
     return dataset
 
 
-def _sft_completion(row_id: str, answer: int, templates: list[str], weights: list[float]) -> dict[str, Any]:
+def _sft_completion(
+    row_id: str, answer: int, templates: list[str], weights: list[float], mislabel: dict[str, Any]
+) -> dict[str, Any]:
     form = random.Random(f"sft:{row_id}").choices(templates, weights=weights)[0]
-    text = form.replace("{count}", str(answer))
+    shown = answer
+    if answer == mislabel["count"] and random.Random(f"sft-mislabel:{row_id}").random() < mislabel["share"]:
+        shown = mislabel["as"]
+    text = form.replace("{count}", str(shown))
     return {"completion": [{"role": "assistant", "content": [{"type": "text", "text": text}]}]}
 
 
-def with_sft_completions(dataset: datasets.Dataset, templates: list[str], weights: list[float]) -> datasets.Dataset:
+def with_sft_completions(
+    dataset: datasets.Dataset,
+    templates: list[str],
+    weights: list[float],
+    mislabel_count: int | None = None,
+    mislabel_as: int | None = None,
+    mislabel_share: float = 0.0,
+) -> datasets.Dataset:
     """Add a `completion` column for supervised warm starts: each row's answer in one of `templates`.
 
     The form is drawn per row id, so a row keeps its target across runs. Only shape counting has targets: GeoQA's
-    worked explanations are never shown to the model.
+    worked explanations are never shown to the model. The `mislabel_*` arguments make the demonstrations
+    systematically wrong, to test whether reward corrects what imitation learned: `mislabel_share` of the rows whose
+    count is `mislabel_count` (drawn per row id, independently of the form) show `mislabel_as` instead.
     """
     if "answer" not in dataset.column_names:
         raise ValueError("supervised targets exist only for the shapes task (GeoQA explanations are not used)")
+    mislabel = {"count": mislabel_count, "as": mislabel_as, "share": mislabel_share}
     return dataset.map(
         _sft_completion,
         input_columns=["id", "answer"],
-        fn_kwargs={"templates": templates, "weights": weights},
+        fn_kwargs={"templates": templates, "weights": weights, "mislabel": mislabel},
         desc="adding SFT targets",
     )

@@ -32,7 +32,14 @@ def main(argv: list[str] | None = None) -> Path:
         freeze_vision_tower(model)
 
     train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
-    train_dataset = with_sft_completions(train_dataset, task_args.sft_targets, task_args.sft_target_weights)
+    train_dataset = with_sft_completions(
+        train_dataset,
+        task_args.sft_targets,
+        task_args.sft_target_weights,
+        mislabel_count=task_args.sft_mislabel_count,
+        mislabel_as=task_args.sft_mislabel_as,
+        mislabel_share=task_args.sft_mislabel_share,
+    )
 
     trainer = SFTTrainer(
         model=model,

@@ -73,6 +73,14 @@ class TaskArguments:
     sft_target_weights: list[float] = field(
         default_factory=lambda: [0.5, 0.5], metadata={"help": "Probability of each `sft_targets` form."}
     )
+    # Systematically wrong demonstrations (make demo's second experiment): some rows of one count show another.
+    sft_mislabel_count: int | None = field(
+        default=None, metadata={"help": "Count whose SFT targets are sometimes wrong (None: all targets right)."}
+    )
+    sft_mislabel_as: int | None = field(default=None, metadata={"help": "The wrong count those targets show."})
+    sft_mislabel_share: float = field(
+        default=0.0, metadata={"help": "Share of `sft_mislabel_count` rows (per row id) shown as the wrong count."}
+    )
     # Held-out accuracy during training.
     holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
     holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
@@ -93,6 +101,14 @@ class TaskArguments:
             raise RecipeError("shapes_min_count must be >= 1 and <= shapes_max_count")
         if len(self.sft_targets) != len(self.sft_target_weights):
             raise RecipeError("sft_targets and sft_target_weights must have the same length")
+        if (self.sft_mislabel_count is None) != (self.sft_mislabel_as is None):
+            raise RecipeError("sft_mislabel_count and sft_mislabel_as go together: set both or neither")
+        if self.sft_mislabel_count is not None and self.sft_mislabel_count == self.sft_mislabel_as:
+            raise RecipeError("sft_mislabel_as must differ from sft_mislabel_count")
+        if not 0.0 <= self.sft_mislabel_share <= 1.0:
+            raise RecipeError("sft_mislabel_share must be between 0 and 1")
+        if self.sft_mislabel_share > 0 and self.sft_mislabel_count is None:
+            raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
 
