@@ -97,11 +97,10 @@ def test_a_value_of_the_wrong_type_fails_naming_the_key(tmp_path: Path, key: str
         parse_recipe(GRPO_CLASSES, ["--config", str(path)])
 
 
-def test_a_string_that_is_not_a_number_fails_naming_the_flag(tmp_path: Path, capsys) -> None:
+def test_a_string_that_is_not_a_number_fails_naming_the_flag(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, max_steps="four")
-    with pytest.raises(RecipeError, match="could not parse"):
+    with pytest.raises(RecipeError, match=r"recipe .*recipe.yaml: argument --max_steps.*: invalid int value: 'four'"):
         parse_recipe(GRPO_CLASSES, ["--config", str(path)])
-    assert "--max_steps" in capsys.readouterr().err
 
 
 def test_invalid_task_values_fail(tmp_path: Path) -> None:

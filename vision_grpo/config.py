@@ -6,6 +6,7 @@ the three dataclasses, so a typo fails at once with the nearest valid key instea
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import enum
@@ -20,6 +21,7 @@ import yaml
 from trl import TrlParser
 
 from vision_grpo.data.collator import MAX_DECODE_PIXELS
+from vision_grpo.recipe_help import exit_with_help
 
 
 class RecipeError(ValueError):
@@ -174,25 +176,47 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
     return content
 
 
+class _RecipeParser(TrlParser):
+    """TrlParser without argparse's prefix matching (`--learning_rat` silently meant `--learning_rate`) and with
+    errors raised as `RecipeError` instead of printed usage plus `SystemExit(2)` (which callers saw as a traceback);
+    `parse_recipe` adds where the value came from."""
+
+    def __init__(self, config_classes: tuple[type, ...]) -> None:
+        super().__init__(config_classes, allow_abbrev=False)
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise RecipeError(message)
+
+
+def check_cli_flags(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """Fail on a `--flag` that no config field defines, naming the nearest one, as `check_recipe_keys` does for YAML."""
+    known = {"--config", *(option for action in parser._actions for option in action.option_strings)}
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            near = difflib.get_close_matches(flag, sorted(o for o in known if "-" not in o[2:]), n=1)
+            hint = f"; did you mean `{near[0]}`?" if near else "; `--help` lists the keys"
+            raise RecipeError(f"command line: unknown flag `{flag}`{hint}")
+
+
 def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple[Any, ...]:
     """Parse `--config recipe.yaml` plus CLI overrides into one instance of each of `config_classes`.
 
     Training passes (TaskArguments, GRPOConfig or SFTConfig, ModelConfig); the evaluator adds its own dataclass, so
-    it reads the very recipe training used and every field stays overridable on the command line.
+    it reads the very recipe training used and every field stays overridable on the command line. `--help` prints
+    our keys, grouped, and exits 0 (`--help_all`: TRL's full list).
     """
     argv = sys.argv[1:] if argv is None else argv
+    parser = _RecipeParser(config_classes)
+    exit_with_help(argv, config_classes, parser)
+    check_cli_flags(argv, parser)
     if "--config" in argv:
-        check_recipe_keys(argv[argv.index("--config") + 1], config_classes)
-    parser = TrlParser(config_classes)
+        check_recipe_keys(recipe_path_of(argv), config_classes)
     where = f"recipe {recipe_path_of(argv)}" if "--config" in argv else "command line"
     try:
         parsed = tuple(parser.parse_args_and_config(args=argv))
-    except SystemExit as error:  # argparse already printed which flag and why
-        raise RecipeError(f"could not parse the recipe arguments {argv}") from error
-    except RecipeError:
-        raise
-    except ValueError as error:  # a trainer config's own consistency check (e.g. GRPOConfig's batch arithmetic)
-        raise RecipeError(f"{where}: {error}") from error
+    except ValueError as error:  # argparse's, our checks', or a trainer config's own (GRPOConfig's batch arithmetic)
+        raise RecipeError(f"{where}: {error}") from None
     _check_reward_weights(parsed, where)
     return parsed
 
@@ -210,4 +234,9 @@ def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
 
 def recipe_path_of(argv: list[str]) -> str | None:
     """The `--config` file of an argument list, if any."""
-    return argv[argv.index("--config") + 1] if "--config" in argv else None
+    if "--config" not in argv:
+        return None
+    index = argv.index("--config") + 1
+    if index == len(argv) or argv[index].startswith("--"):
+        raise RecipeError("command line: `--config` needs a recipe file, e.g. `--config recipes/shapes/tiny_cpu.yaml`")
+    return argv[index]
