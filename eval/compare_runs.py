@@ -1,11 +1,14 @@
 """Compare training runs: a PNG grid of their main curves and a markdown table of final and best values.
 
-    python eval/compare_runs.py runs/shapes/*/* [--output results/compare] [--smoothing 0.6]
+    python eval/compare_runs.py runs/shapes/*/* [--output results/runs_compare] [--smoothing 0.6]
 
 Each argument is a run folder (`runs/<task>/<recipe>/<run>`: TensorBoard events plus the resolved `recipe.yaml`) or
 a folder above run folders, which is searched. Curves come from TensorBoard's own event reader; the config comes
 from each run's `recipe.yaml`, and only the keys whose values differ between the runs are shown, in the legend and
-in the table. Writes `<output>.png` and `<output>.md`; headless (matplotlib's `Figure` without pyplot: Agg).
+in the table. SFT and GRPO runs log different metrics, so they are compared in separate groups (the trainer is read
+from the logged tags). Only metrics that form a curve and are not flat are drawn; the table says which were left out.
+Writes `<output>.png` (one kind of run) or `<output>_grpo.png` and `<output>_sft.png`, and `<output>.md`; headless
+(matplotlib's `Figure` without pyplot: Agg).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import fnmatch
 import logging
 import math
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,32 +35,46 @@ logger = logging.getLogger("vision_grpo.compare_runs")
 
 # Keys that differ between any two runs by construction; the run's label already says which run it is.
 IDENTITY_KEYS = ("output_dir", "run_name")
-UNSET = "(unset)"
+UNSET = "(default)"  # recipe.yaml holds the keys a run set; a key it lacks had the default
 LINE_STYLES = ("-", "--", "-.", ":")
 
 
 @dataclass(frozen=True)
 class Metric:
-    """TensorBoard tags (a `fnmatch` pattern) and which value is best: `max`, `min`, or None (only the final)."""
+    """TensorBoard tags (a `fnmatch` pattern) and which value is best: `max`, `min`, or None (only the final).
+
+    `curve=False`: a value logged once per run (its runtime), for the table only.
+    """
 
     pattern: str
     best: Callable[[list[float]], float] | None
+    curve: bool = True
 
 
-# The main curves, in grid and table order. Tags are transformers' TensorBoard names: `train/` + the logged key.
-METRICS = (
-    Metric("train/reward", max),
-    Metric("train/rewards/*/mean", max),
-    Metric("train/holdout/accuracy", max),
-    Metric("train/holdout/lenient_accuracy", max),
-    Metric("train/holdout/format_rate", max),
-    Metric("train/holdout/mean_completion_tokens", None),
-    Metric("train/completions/mean_length", None),
-    Metric("train/completions/clipped_ratio", min),
-    Metric("train/entropy", None),
-    Metric("train/kl", None),
-    Metric("train/train_runtime", None),
-)
+# The main metrics of each kind of run, in grid and table order. Tags are transformers' TensorBoard names:
+# `train/` + the logged key.
+RUNTIME = Metric("train/train_runtime", min, curve=False)
+METRICS = {
+    "GRPO": (
+        Metric("train/reward", max),
+        Metric("train/rewards/*/mean", max),
+        Metric("train/holdout/accuracy", max),
+        Metric("train/holdout/lenient_accuracy", max),
+        Metric("train/holdout/format_rate", max),
+        Metric("train/holdout/mean_completion_tokens", None),
+        Metric("train/completions/mean_length", None),
+        Metric("train/completions/clipped_ratio", min),
+        Metric("train/entropy", None),
+        Metric("train/kl", None),
+        RUNTIME,
+    ),
+    "SFT": (
+        Metric("train/loss", min),
+        Metric("train/mean_token_accuracy", max),
+        Metric("train/entropy", None),
+        RUNTIME,
+    ),
+}
 
 
 @dataclass
@@ -65,6 +83,11 @@ class Run:
     label: str
     config: dict[str, Any]
     scalars: dict[str, list[tuple[int, float]]]  # tag -> (step, value), by step
+
+    @property
+    def kind(self) -> str:
+        """`GRPO` or `SFT`, from what the trainer logged (TRL's GRPOTrainer logs a reward; SFTTrainer does not)."""
+        return "GRPO" if "train/reward" in self.scalars else "SFT"
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -141,32 +164,71 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return smoothed
 
 
+def group_by_kind(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs by kind (GRPO first): an SFT loss and a GRPO reward on shared axes would compare nothing."""
+    return {kind: [run for run in runs if run.kind == kind] for kind in METRICS if any(r.kind == kind for r in runs)}
+
+
 def matching_tags(runs: list[Run]) -> list[tuple[str, Metric]]:
-    """The tags of `METRICS` that some run logged, in `METRICS` order (a pattern's tags sorted)."""
+    """The tags of the runs' kind's metrics that some run logged, in `METRICS` order (a pattern's tags sorted)."""
     logged = sorted({tag for run in runs for tag in run.scalars})
     found: list[tuple[str, Metric]] = []
-    for metric in METRICS:
+    for metric in METRICS[runs[0].kind]:
         found += [(tag, metric) for tag in fnmatch.filter(logged, metric.pattern)]
     return found
 
 
+def _series(runs: list[Run], tag: str) -> list[list[float]]:
+    return [[value for _, value in run.scalars.get(tag, [])] for run in runs]
+
+
+def why_not_drawn(runs: list[Run], tag: str, drawn: list[str]) -> str | None:
+    """None for a metric worth a panel; else why not: a single point, flat (one value everywhere), the same in every
+    run, or the same series as a panel already drawn (`reward` = its only weighted part). A random-weight model's
+    zero rewards once filled most of the grid with flat lines."""
+    series = _series(runs, tag)
+    if all(len(values) < 2 for values in series):
+        return "one point"
+    if len({value for values in series for value in values}) == 1:
+        return "flat"
+    if len(runs) > 1 and all(values == series[0] for values in series):
+        return "the same in every run"
+    twin = next((other for other in drawn if _series(runs, other) == series), None)
+    return f"as {twin.removeprefix('train/')}" if twin else None
+
+
 def legend_label(run: Run, keys: list[str]) -> str:
-    if not keys:
-        return run.label
-    return f"{run.label} ({', '.join(f'{key}={config_text(run.config.get(key, UNSET))}' for key in keys)})"
+    """The run's label and its values of the differing keys it set; a key its name already shows is left out."""
+    shown = [
+        f"{key}={config_text(run.config[key])}" for key in keys if key in run.config and f"{key}=" not in run.label
+    ]
+    return f"{run.label} ({', '.join(shown)})" if shown else run.label
 
 
-def plot_curves(runs: list[Run], keys: list[str], output: Path, smoothing: float) -> Path | None:
-    """A grid of the metrics that form a curve (two or more points), one colour per run; raw values faint."""
-    tags = [tag for tag, _ in matching_tags(runs) if any(len(run.scalars.get(tag, [])) > 1 for run in runs)]
-    if not tags:
-        logger.warning("no metric has two points yet: no curves drawn")
-        return None
+LEGEND_FONT = 9
+SPARSE_POINTS = 10
+CHARS_PER_INCH = 12  # at LEGEND_FONT points, with room to spare, so wrapped labels stay inside the figure
+
+
+def wrapped_labels(labels: list[str], width_inches: float) -> tuple[list[str], int, float]:
+    """Labels wrapped to fit the figure's width, the legend's columns, and its height in inches."""
+    line_chars = int(width_inches * CHARS_PER_INCH) - 6  # the legend's line sample and padding
+    columns = 2 if len(labels) > 1 and max(map(len, labels)) <= line_chars // 2 - 4 else 1
+    wrapped = [textwrap.fill(label, line_chars // columns - 4 * (columns - 1)) for label in labels]
+    lines_per_row = [
+        max(label.count("\n") + 1 for label in wrapped[i : i + columns]) for i in range(0, len(wrapped), columns)
+    ]
+    return wrapped, columns, 0.2 * sum(lines_per_row) + 0.25
+
+
+def curves_figure(runs: list[Run], keys: list[str], tags: list[str], smoothing: float) -> Figure:
+    """A grid of `tags`, one colour per run, raw values faint, the legend below inside the figure."""
     columns = min(3, len(tags))
     rows = math.ceil(len(tags) / columns)
-    legend_rows = math.ceil(len(runs) / 2)
-    height = 3.0 * rows + 0.3 * legend_rows + 0.3
-    figure = Figure(figsize=(4.6 * columns, height))
+    width = 4.6 * max(columns, 2)
+    labels, legend_columns, legend_height = wrapped_labels([legend_label(run, keys) for run in runs], width)
+    height = 3.0 * rows + legend_height
+    figure = Figure(figsize=(width, height))
     axes = figure.subplots(rows, columns, squeeze=False)
     colors = [matplotlib.colormaps["tab10" if len(runs) <= 10 else "tab20"](i % 20) for i in range(len(runs))]
     styles = [LINE_STYLES[i % len(LINE_STYLES)] for i in range(len(runs))]  # runs that coincide stay visible
@@ -176,10 +238,13 @@ def plot_curves(runs: list[Run], keys: list[str], output: Path, smoothing: float
             if not points:
                 continue
             steps, values = zip(*points, strict=True)
-            if smoothing > 0:
+            # A sparse series (held-out accuracy every N steps: greedy, no sampling noise) is drawn as logged;
+            # smoothing its few points would draw values it never had.
+            weight = smoothing if len(steps) > SPARSE_POINTS else 0.0
+            if weight > 0:
                 axis.plot(steps, values, color=color, alpha=0.25, linewidth=1)
             marker = "o" if len(steps) <= 20 else None
-            smoothed = smooth(list(values), smoothing)
+            smoothed = smooth(list(values), weight)
             axis.plot(steps, smoothed, color=color, linestyle=style, linewidth=1.8, marker=marker, markersize=3)
         axis.set_title(tag.removeprefix("train/"), fontsize=10)
         axis.set_xlabel("step", fontsize=8)
@@ -190,14 +255,12 @@ def plot_curves(runs: list[Run], keys: list[str], output: Path, smoothing: float
     for axis in axes.flat[len(tags) :]:
         axis.axis("off")
     handles = [
-        Line2D([], [], color=c, linestyle=s, linewidth=2, label=legend_label(r, keys))
-        for r, c, s in zip(runs, colors, styles, strict=True)
+        Line2D([], [], color=c, linestyle=s, linewidth=2, label=label)
+        for label, c, s in zip(labels, colors, styles, strict=True)
     ]
-    figure.legend(handles=handles, loc="lower center", ncol=min(len(runs), 2), frameon=False, fontsize=9)
-    figure.tight_layout(rect=(0, (0.3 * legend_rows + 0.2) / height, 1, 1))
-    path = output.parent / f"{output.name}.png"
-    figure.savefig(path, dpi=110)
-    return path
+    figure.legend(handles=handles, loc="lower center", ncol=legend_columns, frameon=False, fontsize=LEGEND_FONT)
+    figure.tight_layout(rect=(0, legend_height / height, 1, 1))
+    return figure
 
 
 def _number(value: float | None) -> str:
@@ -220,32 +283,59 @@ def markdown_table(runs: list[Run], keys: list[str]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
 
 
-def compare(paths: list[str], output: Path, smoothing: float = 0.6) -> tuple[Path | None, Path]:
-    """Write `<output>.png` and `<output>.md` for the runs in `paths`; returns their paths (no PNG: no curves)."""
+def compare_group(runs: list[Run], output: Path, smoothing: float) -> tuple[Path | None, str]:
+    """The PNG (None: nothing to draw) and the markdown section of runs of one kind."""
+    keys = differing_keys([run.config for run in runs])
+    skipped: dict[str, list[str]] = {}
+    tags: list[str] = []
+    for tag in [tag for tag, metric in matching_tags(runs) if metric.curve]:
+        reason = why_not_drawn(runs, tag, tags)
+        if reason is None:
+            tags.append(tag)
+        else:
+            skipped.setdefault(reason, []).append(tag.removeprefix("train/"))
+    png = output.parent / f"{output.name}.png" if tags else None
+    if png:
+        curves_figure(runs, keys, tags, smoothing).savefig(png, dpi=110)
+    else:
+        logger.warning("%s runs: no metric forms a curve that differs between them; no PNG", runs[0].kind)
+    sources = "\n".join(f"- `{run.label}`: {run.path}" for run in runs)
+    figure = f"![{runs[0].kind} curves]({png.name})\n\n" if png else ""
+    left_out = "; ".join(f"{reason}: {', '.join(names)}" for reason, names in skipped.items())
+    note = f"Not drawn ({left_out}).\n\n" if left_out else ""
+    section = f"## {runs[0].kind} runs ({len(runs)})\n\n{sources}\n\n{figure}{note}{markdown_table(runs, keys)}"
+    return png, section
+
+
+def compare(paths: list[str], output: Path, smoothing: float = 0.6) -> tuple[list[Path], Path]:
+    """Write `<output>.md` and a PNG per kind of run (`<output>.png` for one kind, else `<output>_<kind>.png`)."""
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
-    runs = load_runs(find_runs(paths))
-    keys = differing_keys([run.config for run in runs])
+    groups = group_by_kind(load_runs(find_runs(paths)))
     output.parent.mkdir(parents=True, exist_ok=True)
-    png = plot_curves(runs, keys, output, smoothing)
-    table = markdown_table(runs, keys)
-    sources = "\n".join(f"- `{run.label}`: {run.path}" for run in runs)
-    figure = f"![curves]({png.name})\n\n" if png else ""
+    pngs, sections = [], []
+    for kind, runs in groups.items():
+        prefix = output if len(groups) == 1 else output.with_name(f"{output.name}_{kind.lower()}")
+        png, section = compare_group(runs, prefix, smoothing)
+        pngs += [png] if png else []
+        sections.append(section)
     markdown = output.parent / f"{output.name}.md"
-    markdown.write_text(f"# Run comparison\n\n{sources}\n\n{figure}{table}", encoding="utf-8")
-    return png, markdown
+    markdown.write_text("# Run comparison\n\n" + "\n".join(sections), encoding="utf-8")
+    return pngs, markdown
 
 
-def main(argv: list[str] | None = None) -> tuple[Path | None, Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> tuple[list[Path], Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("runs", nargs="+", help="Run folders, or folders above them.")
-    parser.add_argument("--output", default="results/compare", help="Writes <output>.png and <output>.md.")
+    parser.add_argument(
+        "--output", default="results/runs_compare", help="Writes <output>.md and <output>.png (or one per kind)."
+    )
     parser.add_argument("--smoothing", type=float, default=0.6, help="TensorBoard-style smoothing in [0, 1).")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    png, markdown = compare(args.runs, Path(args.output), args.smoothing)
+    pngs, markdown = compare(args.runs, Path(args.output), args.smoothing)
     print(markdown.read_text(encoding="utf-8"))
-    print(f"wrote {markdown}" + (f" and {png}" if png else ""))
-    return png, markdown
+    print(f"wrote {', '.join(str(path) for path in [markdown, *pngs])}")
+    return pngs, markdown
 
 
 if __name__ == "__main__":

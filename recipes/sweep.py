@@ -1,11 +1,13 @@
 """Run one recipe with a few keys swept, as separate runs one after another, then compare them.
 
-    python recipes/sweep.py --config recipes/shapes/tiny_cpu.yaml --learning_rate 1e-5,4e-5 --max_steps 20
+    python recipes/sweep.py --config recipes/shapes/tiny_grpo_demo.yaml --learning_rate 2e-5,2e-4 --max_steps 40
     python recipes/sweep.py --launcher "accelerate launch --config_file <file>" --config <recipe> --beta 0,0.04
 
-A flag with comma-separated values (`--key a,b`) is swept; several swept flags give every combination. All other
-flags go to every run unchanged. Runs are named `<sweep>_<key>=<value>...` in the recipe's `output_dir`, next to
-its other runs; afterwards `eval/compare_runs.py` writes the curves and the table to `--compare_output`.
+Several values of a key: one flag, values joined by commas, no spaces (`--learning_rate 2e-5,6e-5,2e-4`). Several
+swept flags give every combination. All other flags (any key of recipes/train.py) go to every run unchanged; all
+runs' flags are checked before the first starts. Runs are named `<sweep>_<key>=<value>...` in the recipe's
+`output_dir`, next to its other runs; afterwards `eval/compare_runs.py` writes the curves and the table to
+`--compare_output`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from trl import GRPOConfig, ModelConfig
 
+from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.eval import compare_runs
 
 logger = logging.getLogger("vision_grpo.sweep")
@@ -71,6 +75,12 @@ def plan(flags: list[Flag], sweep_name: str) -> list[tuple[str, list[str]]]:
     return runs
 
 
+def check_runs(runs: list[tuple[str, list[str]]]) -> None:
+    """Parse every run's arguments as recipes/train.py will, so a typo fails now, not after the first runs."""
+    for _, train_args in runs:
+        parse_recipe((TaskArguments, GRPOConfig, ModelConfig), train_args)
+
+
 def output_dir_of(flags: list[Flag]) -> Path:
     """Where train.py puts the runs: `--output_dir` if given, else the recipe's `output_dir`."""
     values = dict(flags)
@@ -84,7 +94,9 @@ def output_dir_of(flags: list[Flag]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--sweep_name", default=datetime.now().strftime("%Y%m%d-%H%M%S"), help="Run-name prefix.")
     parser.add_argument("--launcher", help='Default: this Python; e.g. "accelerate launch --config_file <file>".')
     parser.add_argument("--compare_output", help="Comparison files prefix (default: results/sweeps/<sweep_name>).")
@@ -93,6 +105,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     flags = split_flags(rest)
     output_dir = output_dir_of(flags)
     runs = plan(flags, args.sweep_name)
+    check_runs(runs)
     taken = [name for name, _ in runs if (output_dir / name).exists()]
     if taken:
         raise SweepError(f"run folders already exist in {output_dir}: {taken}; choose another --sweep_name")

@@ -12,7 +12,18 @@ from conftest import REPO, run_script
 from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
 
-from vision_grpo.eval.compare_runs import compare, differing_keys, find_runs, load_runs, smooth
+from vision_grpo.config import RecipeError
+from vision_grpo.eval.compare_runs import (
+    Run,
+    compare,
+    compare_group,
+    curves_figure,
+    differing_keys,
+    find_runs,
+    legend_label,
+    load_runs,
+    smooth,
+)
 
 _spec = importlib.util.spec_from_file_location("sweep", REPO / "recipes" / "sweep.py")
 sweep = importlib.util.module_from_spec(_spec)
@@ -67,8 +78,9 @@ def test_table_and_png_from_event_files(tmp_path):
     runs = find_runs([str(p) for p in sorted((tmp_path / "shapes" / "tiny").iterdir())])
     assert [p.name for p in runs] == ["a", "b"]
 
-    png, markdown = compare([str(tmp_path / "shapes")], tmp_path / "out" / "cmp.v1")  # a folder above: searched
-    assert png == tmp_path / "out" / "cmp.v1.png" and markdown == tmp_path / "out" / "cmp.v1.md"
+    pngs, markdown = compare([str(tmp_path / "shapes")], tmp_path / "out" / "cmp.v1")  # a folder above: searched
+    assert pngs == [tmp_path / "out" / "cmp.v1.png"] and markdown == tmp_path / "out" / "cmp.v1.md"
+    png = pngs[0]
     with Image.open(png) as image:
         assert image.format == "PNG" and image.width > 300 and image.height > 200
     rows = table_rows(markdown.read_text(encoding="utf-8"))
@@ -80,6 +92,58 @@ def test_table_and_png_from_event_files(tmp_path):
     assert rows["reward (best, max)"] == ["0.5", "0.4"]
     assert rows["completions/clipped_ratio (best, min)"] == ["0.2", "0.5"]
     assert not any("other" in key for key in rows)  # only the main metrics
+    assert "Not drawn" not in markdown.read_text(encoding="utf-8")  # both metrics move in some run
+
+
+def test_sft_and_grpo_runs_are_compared_apart(tmp_path):
+    make_run(tmp_path / "sft" / "warm", {"learning_rate": 3e-3}, {"train/loss": [2.0, 1.0], "train/entropy": [3, 1]})
+    make_run(tmp_path / "grpo" / "a", {"learning_rate": 2e-5}, {"train/reward": [0.1, 0.5], "train/entropy": [1, 1]})
+    make_run(tmp_path / "grpo" / "b", {"learning_rate": 2e-4}, {"train/reward": [0.1, 0.9], "train/entropy": [1, 1]})
+    pngs, markdown = compare([str(tmp_path)], tmp_path / "cmp")
+    assert pngs == [tmp_path / "cmp_grpo.png", tmp_path / "cmp_sft.png"]
+    text = markdown.read_text(encoding="utf-8")
+    grpo, sft = text.split("## SFT runs (1)")
+    assert "## GRPO runs (2)" in grpo and "warm" not in grpo and "sft/warm" in sft
+    assert "Not drawn (flat: entropy)" in grpo  # 1.0 everywhere in both GRPO runs
+    assert "loss (final)" in sft and "loss" not in grpo
+
+
+def grpo_run(name: str, config: dict, scalars: dict[str, list[float]]) -> Run:
+    return Run(Path(name), name, config, {tag: list(enumerate(values)) for tag, values in scalars.items()})
+
+
+def test_only_curves_that_differ_are_drawn(tmp_path):
+    moving = [0.1, 0.4, 0.8]
+    runs = [
+        grpo_run("a", {}, {"train/reward": moving, "train/rewards/x/mean": moving, "train/kl": [0, 0, 0]}),
+        grpo_run("b", {}, {"train/reward": moving, "train/rewards/x/mean": moving, "train/kl": [0, 0, 0]}),
+    ]
+    png, section = compare_group(runs, tmp_path / "c", smoothing=0.0)
+    assert png is None  # the only moving curve is the same in both runs
+    assert "the same in every run: reward, rewards/x/mean" in section and "flat: kl" in section
+    runs[1].scalars["train/reward"] = runs[1].scalars["train/rewards/x/mean"] = list(enumerate([0.2, 0.3, 0.3]))
+    png, section = compare_group(runs, tmp_path / "c", smoothing=0.0)
+    assert png is not None and "as reward: rewards/x/mean" in section  # the only weighted part = the reward
+
+
+def test_legend_labels_are_short_and_stay_inside_the_figure():
+    keys = ["learning_rate", "model_name_or_path", "shapes_eval_size", "temperature"]
+    config = {"model_name_or_path": "runs/shapes/tiny_sft/a-long-warm-start-name", "shapes_eval_size": 300}
+    runs = [
+        grpo_run(f"sweep_learning_rate={rate}", {**config, "learning_rate": rate}, {"train/reward": [0, i, 1]})
+        for i, rate in enumerate((1e-5, 2e-5, 6e-5, 1e-4, 2e-4))
+    ]
+    label = legend_label(runs[0], keys)
+    assert label == (
+        "sweep_learning_rate=1e-05 (model_name_or_path=runs/shapes/tiny_sft/a-long-warm-start-name, "
+        "shapes_eval_size=300)"
+    )  # not learning_rate again (the name shows it), not temperature (unset in this run)
+    figure = curves_figure(runs, keys, ["train/reward"], smoothing=0.0)
+    figure.draw_without_rendering()
+    box, frame = figure.legends[0].get_window_extent(), figure.bbox
+    assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
+    (axis,) = [axis for axis in figure.axes if axis.has_data()]
+    assert box.y1 <= axis.get_tightbbox().y0  # below the panels, not over them
 
 
 def test_labels_tell_same_named_runs_apart(tmp_path):
@@ -124,6 +188,13 @@ def test_sweep_refuses_to_reuse_run_folders(tmp_path):
     assert sweep.main([*args, "--sweep_name", "t", "--dry_run"]) == []  # a dry run trains nothing
 
 
+def test_sweep_checks_every_runs_flags_before_the_first_starts(tmp_path):
+    args = ["--config", "recipes/shapes/tiny_cpu.yaml", "--output_dir", str(tmp_path), "--learning_rat", "1e-5,2e-5"]
+    with pytest.raises(RecipeError, match="unknown flag `--learning_rat`; did you mean `--learning_rate`"):
+        sweep.main([*args, "--sweep_name", "s"])  # not a dry run: it would have started training
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.slow
 def test_two_learning_rates_give_two_runs_and_a_comparison(tmp_path):
     """The issue's check: a real 2-step sweep over two learning rates, then the PNG and the differing-keys table."""
@@ -162,3 +233,20 @@ def test_two_learning_rates_give_two_runs_and_a_comparison(tmp_path):
     assert rows["steps"] == ["2", "2"]
     for metric in ("reward (final)", "holdout/accuracy (final)", "completions/mean_length (final)"):
         assert all(value != "–" for value in rows[metric]), metric
+
+
+def test_the_two_compare_commands_default_to_different_files(tmp_path, monkeypatch):
+    """Running the README in order once lost `compare.py`'s chart: `compare_runs.py` wrote the same file names."""
+    from test_compare import BASE, TRAINED
+
+    from vision_grpo.eval import compare as compare_results
+    from vision_grpo.eval import compare_runs
+
+    monkeypatch.chdir(tmp_path)
+    for name, result in (("base", BASE), ("trained", TRAINED)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(result), encoding="utf-8")
+    compare_results.main(["base.json", "trained.json"])
+    make_run(tmp_path / "runs" / "a", {"learning_rate": 1e-5}, {"train/reward": [0.1, 0.5]})
+    compare_runs.main(["runs"])
+    written = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert written == ["eval_compare.md", "eval_compare.png", "runs_compare.md", "runs_compare.png"]
