@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 RECORD_ENV = "VISION_GRPO_TEST_RECORD"
+# Set: the recorded run pushes the model towards sampling vision special tokens (train_recorded.force_vision_tokens).
+FORCE_ENV = "VISION_GRPO_TEST_FORCE_VISION_TOKENS"
 
 
 def record(event: str, **fields: Any) -> None:

@@ -3,18 +3,22 @@
 The entry point takes no callbacks, so this swaps `GracefulStop` (which it always installs) for a subclass that
 keeps its behaviour and records, per process: parameter checksums at the start and after each optimizer step,
 the optimizer's parameter groups (learning rate, which parameters), the distributed set-up, and the logs.
+It also records the token ids every generation started from and produced (`generation` events), and with
+`$VISION_GRPO_TEST_FORCE_VISION_TOKENS` set it adds a large bias to the vision special tokens' logits, so a model
+that is not prevented from sampling them does.
 Usage is the entry point's: `python tests/recording/train_recorded.py --config <recipe> [--key value ...]`.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
 
-from recorder import parameter_checksums, record
+from recorder import FORCE_ENV, parameter_checksums, record
 
-from vision_grpo import training
+from vision_grpo import modeling, training
 from vision_grpo.modeling import is_vision_parameter
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "recipes" / "train.py"
@@ -59,7 +63,42 @@ class RecordingStop(training.GracefulStop):
         record("log", step=state.global_step, logs=logs)
 
 
+def _recorded_generation(original):
+    def generate(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
+        completion_ids, logprobs = original(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+        record("generation", prompt_ids=[list(map(int, ids)) for ids in prompt_ids], completion_ids=completion_ids)
+        return completion_ids, logprobs
+
+    return generate
+
+
+def force_vision_tokens(model):
+    """Bias the output logits towards every vision special token (+50), on every forward pass."""
+    config = model.config
+    vision_ids = [config.image_token_id, config.video_token_id, config.vision_start_token_id]
+    vision_ids.append(config.vision_end_token_id)
+
+    def bias(module, inputs, output):
+        output[..., vision_ids] += 50.0
+        return output
+
+    model.get_output_embeddings().register_forward_hook(bias)
+    return model
+
+
+def _forcing(original):
+    def load_model(*args, **kwargs):
+        return force_vision_tokens(original(*args, **kwargs))
+
+    return load_model
+
+
 if __name__ == "__main__":
     training.GracefulStop = RecordingStop
+    training.VisionGRPOTrainer._generate_single_turn = _recorded_generation(
+        training.VisionGRPOTrainer._generate_single_turn
+    )
+    if os.environ.get(FORCE_ENV):
+        modeling.load_model = _forcing(modeling.load_model)
     sys.argv = [str(ENTRY_POINT), *sys.argv[1:]]
     runpy.run_path(str(ENTRY_POINT), run_name="__main__")
