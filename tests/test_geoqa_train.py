@@ -16,7 +16,11 @@ from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.rewards import get_reward_funcs
 
 RECIPES = sorted((REPO / "recipes" / "geoqa").glob("*.yaml"))
-GPU_RECIPES = {"qwen3_5_4b_lora.yaml": "Qwen/Qwen3.5-4B", "qwen2_5_vl_3b_lora.yaml": "Qwen/Qwen2.5-VL-3B-Instruct"}
+GPU_RECIPES = {
+    "qwen3_5_4b_lora.yaml": "Qwen/Qwen3.5-4B",
+    "qwen2_5_vl_3b_lora.yaml": "Qwen/Qwen2.5-VL-3B-Instruct",
+    "qwen3_vl_4b_lora.yaml": "Qwen/Qwen3-VL-4B-Instruct",
+}
 
 
 def parse(recipe: Path) -> tuple[TaskArguments, GRPOConfig, ModelConfig]:
