@@ -47,7 +47,9 @@ def test_recipe_batch_arithmetic(recipe: Path) -> None:
     weights = dict(zip(task.reward_funcs, train.reward_weights, strict=True))
     assert weights == {"boxed_option": 1.0, "boxed_option_format": 0.0}  # format rate logged, not rewarded
     assert train.beta == 0.0 and train.scale_rewards == "none" and train.loss_type == "dr_grpo"
-    assert train.chat_template_kwargs == {"enable_thinking": False}
+    # No thinking (the seed's run). `enable_thinking` only where the template has the switch (Qwen3.5): passed to
+    # Qwen2.5-VL's template, transformers warned about it on every prompt (336 of 360 log lines of the tiny run).
+    assert (train.chat_template_kwargs or {}).get("enable_thinking", False) is False
     assert model.use_peft and task.vision_tower == "freeze"
 
 
