@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import FAMILY_MODELS, run_script
 from peft import get_peft_model
 from recording.recorder import RECORD_ENV, read_records, recorded_training_args
 from trl import ModelConfig
@@ -72,19 +72,27 @@ def test_scaled_lr_without_a_trainable_vision_tower_fails_clearly() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "vision_moves"), [("freeze", False), ("train", True)])
-def test_vision_tower_mode_decides_whether_its_weights_change(tmp_path: Path, mode: str, vision_moves: bool) -> None:
+@pytest.mark.parametrize(
+    ("replica", "mode", "vision_moves"),
+    [*((replica, "freeze", False) for replica in FAMILY_MODELS), (TINY_MODEL, "train", True)],
+)
+def test_vision_tower_mode_decides_whether_its_weights_change(
+    tmp_path: Path, replica: str, mode: str, vision_moves: bool
+) -> None:
     """Full fine-tuning, so that only `vision_tower` decides: frozen weights stay bit-identical."""
-    begin, end, _steps = train_recorded(tmp_path, "--use_peft", "false", "--vision_tower", mode)
+    overrides = ["--model_name_or_path", replica, "--use_peft", "false", "--vision_tower", mode]
+    begin, end, _steps = train_recorded(tmp_path, *overrides)
     begin = begin["checksums"]
     assert end["language"] != begin["language"], "the language model did not train, so the check proves nothing"
     assert (end["vision"] != begin["vision"]) is vision_moves
 
 
 @pytest.mark.slow
-def test_scaled_lr_gives_the_vision_groups_the_scaled_rate_at_every_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("replica", FAMILY_MODELS)
+def test_scaled_lr_gives_the_vision_groups_the_scaled_rate_at_every_step(tmp_path: Path, replica: str) -> None:
     """The GPU recipe's set-up: LoRA on the language model and the vision tower, the vision adapters at 0.1x."""
-    overrides = ["--lora_on_vision", "true", "--vision_tower", "scaled_lr", "--vision_lr_scale", "0.1"]
+    overrides = ["--model_name_or_path", replica, "--lora_on_vision", "true", "--vision_tower", "scaled_lr"]
+    overrides += ["--vision_lr_scale", "0.1"]
     begin, end, steps = train_recorded(tmp_path, *overrides)
     trainable_vision = {name for name in begin["trainable"] if is_vision_parameter(name)}
     begin = begin["checksums"]
