@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FAMILY_MODELS, REPO, run_script
-from recording.recorder import FORCE_ENV, RECORD_ENV, RECORDING, read_records
+from recording.recorder import FORCE_ENV, RECORD_ENV, RECORDING, force_vision_tokens, read_records
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe
@@ -92,47 +92,52 @@ def test_warm_start_then_full_fine_tuning_then_evaluation(replica: str, tmp_path
     assert len(json.loads(output.read_text())["records"]) == 4
 
 
-@pytest.fixture(scope="module", params=FAMILY_MODELS)
-def forced_run(request, geoqa_fixture: Path, tmp_path_factory) -> tuple[str, Path, list[dict]]:
-    """One recorded GeoQA training run per family, with the vision special tokens' logits pushed up by +50."""
-    replica, root = request.param, tmp_path_factory.mktemp("forced")
+GEOQA_RECIPES = [(recipe, replica) for recipe, replica in GPU_RECIPES if "geoqa" in recipe]
+
+
+@pytest.fixture(scope="module", params=GEOQA_RECIPES, ids=[replica for _, replica in GEOQA_RECIPES])
+def forced_run(request, geoqa_fixture: Path, tmp_path_factory) -> tuple[str, str, Path, list[dict]]:
+    """One recorded step of each family's GeoQA recipe on its replica, the vision special tokens' logits pushed up
+    by +50. Besides the CPU overrides: 8-token completions and 1 step (time)."""
+    (recipe, replica), root = request.param, tmp_path_factory.mktemp("forced")
     records = root / "records"
     records.mkdir()
     args = [
         str(RECORDING / "train_recorded.py"),
-        *("--config", "recipes/geoqa/tiny_cpu.yaml", "--model_name_or_path", replica),
-        *("--dataset_name", str(geoqa_fixture), "--output_dir", str(root / "runs"), "--run_name", "forced"),
-        *("--max_steps", "2", "--save_strategy", "no", "--max_completion_length", "8"),
+        *("--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, geoqa_fixture)),
+        *CPU_OVERRIDES,
+        *("--output_dir", str(root / "runs"), "--run_name", "forced"),
+        *("--max_steps", "1", "--save_strategy", "no", "--max_completion_length", "8"),
     ]
     run_script(args, timeout=600, env={RECORD_ENV: str(records), FORCE_ENV: "1"})
-    return replica, geoqa_fixture, read_records(records, "generation")
+    return recipe, replica, geoqa_fixture, read_records(records, "generation")
 
 
 @pytest.mark.slow
 def test_training_never_samples_a_vision_token_even_when_the_model_prefers_them(forced_run) -> None:
-    replica, _, generations = forced_run
+    _, replica, _, generations = forced_run
     processor = get_processor(ModelConfig(model_name_or_path=replica), TaskArguments())
     vision_ids = set(vision_special_token_ids(processor.tokenizer))
     completions = [ids for generation in generations for ids in generation["completion_ids"]]
-    assert len(generations) == 2 and len(completions) == 16  # 2 steps x 8 completions: training finished
+    assert len(completions) == 64  # the recipe's 8 questions x 8 completions: the step finished
     assert not any(vision_ids & set(ids) for ids in completions)
 
 
 @pytest.mark.slow
 def test_the_evaluator_generates_from_the_prompt_ids_training_generated_from(forced_run) -> None:
     """For each prompt TRL fed the policy, the evaluator builds the very same token ids from the same row."""
-    replica, fixture, generations = forced_run
-    argv = ["--config", "recipes/geoqa/tiny_cpu.yaml", "--model_name_or_path", replica, "--dataset_name", str(fixture)]
+    recipe, replica, fixture, generations = forced_run
+    argv = ["--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, fixture), *CPU_OVERRIDES]
     task_args, train_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
     processor = get_processor(model_args, task_args)
-    evaluator = Evaluator(load_model(model_args), processor, "geoqa", [], train_args.chat_template_kwargs)
+    evaluator = Evaluator(load_model(model_args), processor, "geoqa", [], train_args.chat_template_kwargs or {})
     dataset = get_dataset(task_args, "train", max_pixels_of(processor))
     evaluator_ids = {
         tuple(evaluator.encode([row], [row["image"]])["input_ids"][0].tolist()): row["id"] for row in dataset
     }
     trained = [tuple(ids) for generation in generations for ids in generation["prompt_ids"]]
     assert trained and all(ids in evaluator_ids for ids in trained)
-    if replica == QWEN3_5:  # enable_thinking: false renders the empty think block in both
+    if replica == QWEN3_5:  # the seed's enable_thinking: false renders the empty think block in both
         empty_think = processor.tokenizer.encode("<think>\n\n</think>\n\n")
         assert all(list(ids[-len(empty_think) :]) == empty_think for ids in trained)
 
@@ -142,3 +147,16 @@ def test_every_gpu_recipe_has_a_replica_run() -> None:
     covered = {recipe for recipe, _ in GPU_RECIPES}
     assert covered <= gpu
     assert {r for r in gpu if "vllm" not in r} == covered  # the vLLM variants need a vLLM build (issue 14)
+
+
+@pytest.mark.parametrize("replica", FAMILY_MODELS)
+def test_the_evaluator_never_generates_a_vision_token_even_when_the_model_prefers_them(replica: str) -> None:
+    args = ModelConfig(model_name_or_path=replica, dtype="float32")
+    processor = get_processor(args, TaskArguments())
+    model = force_vision_tokens(load_model(args))
+    evaluator = Evaluator(model, processor, "shapes", [], {})
+    rows = get_dataset(TaskArguments(shapes_train_size=2), "train", max_pixels_of(processor))
+    generated = evaluator.generate(list(rows), list(rows["image"]), max_new_tokens=8)
+    vision_ids = set(vision_special_token_ids(processor.tokenizer))
+    assert len(generated) == 2 and all(g["ids"] for g in generated)
+    assert not any(vision_ids & set(g["ids"]) for g in generated)

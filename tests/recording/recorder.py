@@ -78,3 +78,17 @@ def recorded_training_args(run_dir: Path, *overrides: str) -> list[str]:
         "1.0",
         *overrides,
     ]
+
+
+def force_vision_tokens(model):
+    """Bias the output logits towards every vision special token (+50), on every forward pass."""
+    config = model.config
+    vision_ids = [config.image_token_id, config.video_token_id, config.vision_start_token_id]
+    vision_ids.append(config.vision_end_token_id)
+
+    def bias(module, inputs, output):
+        output[..., vision_ids] += 50.0
+        return output
+
+    model.get_output_embeddings().register_forward_hook(bias)
+    return model

@@ -16,7 +16,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from recorder import FORCE_ENV, parameter_checksums, record
+from recorder import FORCE_ENV, force_vision_tokens, parameter_checksums, record
 
 from vision_grpo import modeling, training
 from vision_grpo.modeling import is_vision_parameter
@@ -70,20 +70,6 @@ def _recorded_generation(original):
         return completion_ids, logprobs
 
     return generate
-
-
-def force_vision_tokens(model):
-    """Bias the output logits towards every vision special token (+50), on every forward pass."""
-    config = model.config
-    vision_ids = [config.image_token_id, config.video_token_id, config.vision_start_token_id]
-    vision_ids.append(config.vision_end_token_id)
-
-    def bias(module, inputs, output):
-        output[..., vision_ids] += 50.0
-        return output
-
-    model.get_output_embeddings().register_forward_hook(bias)
-    return model
 
 
 def _forcing(original):
