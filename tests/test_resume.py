@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_script
+from conftest import FAMILY_MODELS, REPO, run_script
 from safetensors.torch import load_file
 from trl.trainer.utils import RepeatSampler
 
@@ -175,10 +175,9 @@ def test_trls_own_sampler_repeats_epoch_0_after_a_resume() -> None:
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_a_checkpoint_resumes_exactly_where_it_stopped(
-    tiny_model_path: Path, tmp_path: Path
-) -> None:
-    steps = {"max_steps": "5", "save_steps": "1"}
+@pytest.mark.parametrize("replica", FAMILY_MODELS)
+def test_a_run_killed_after_a_checkpoint_resumes_exactly_where_it_stopped(tmp_path: Path, replica: str) -> None:
+    steps = {"max_steps": "5", "save_steps": "1", "model_name_or_path": replica}
     whole_log, cut_log = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
     run_script(training_args(tmp_path, "whole", **steps), env=guarded_env(tmp_path, whole_log), timeout=600)
 
