@@ -27,7 +27,15 @@ from step_profile import TRAINING_STEP
 
 HERE = Path(__file__).resolve().parent
 # Cheapest first, so a broken set-up fails in seconds.
-BENCHMARKS = ("data_pipeline", "startup", "eval_throughput", "train_overhead", "step_profile", "memory_scaling")
+BENCHMARKS = (
+    "data_pipeline",
+    "startup",
+    "eval_throughput",
+    "train_overhead",
+    "step_profile",
+    "memory_scaling",
+    "families",
+)
 
 
 def run(name: str, quick: bool, out: Path, env: dict[str, str]) -> dict[str, Any]:

@@ -14,7 +14,15 @@ from conftest import REPO, run_script
 sys.path.insert(0, str(REPO / "benchmarks"))
 from common import read_step_log, run_measured  # noqa: E402
 
-BENCHMARKS = ("data_pipeline", "startup", "eval_throughput", "train_overhead", "step_profile", "memory_scaling")
+BENCHMARKS = (
+    "data_pipeline",
+    "startup",
+    "eval_throughput",
+    "train_overhead",
+    "step_profile",
+    "memory_scaling",
+    "families",
+)
 
 
 def _numbers(value) -> list[float]:

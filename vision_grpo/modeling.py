@@ -26,11 +26,14 @@ from vision_grpo.processing import load_processor
 
 logger = logging.getLogger(__name__)
 
-# The embedded replicas, named like Hub models, one per Qwen-VL family (vision_grpo/tiny_model.py).
+# The embedded replicas, named like Hub models: the family each one replicates (vision_grpo/tiny_model.py).
+EMBEDDED_FAMILIES = {
+    "vision-grpo/tiny-qwen2.5-vl": "qwen2.5-vl",
+    "vision-grpo/tiny-qwen3-vl": "qwen3-vl",
+    "vision-grpo/tiny-qwen3.5": "qwen3.5",
+}
 EMBEDDED_MODELS = {
-    "vision-grpo/tiny-qwen2.5-vl": functools.partial(tiny_model.build_replica, "qwen2.5-vl"),
-    "vision-grpo/tiny-qwen3-vl": functools.partial(tiny_model.build_replica, "qwen3-vl"),
-    "vision-grpo/tiny-qwen3.5": functools.partial(tiny_model.build_replica, "qwen3.5"),
+    name: functools.partial(tiny_model.build_replica, family) for name, family in EMBEDDED_FAMILIES.items()
 }
 TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"  # the default of the tiny recipes and the demo
 # Parameter-name fragments of the vision towers of the supported families (Qwen-VL: `visual`).
