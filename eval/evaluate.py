@@ -4,11 +4,15 @@
     python eval/evaluate.py --config recipes/geoqa/qwen3_5_4b_lora.yaml \\
         --adapter runs/geoqa/qwen3_5_4b_lora/<run>/checkpoint-100 --output results/step100.json
 
+    accelerate launch eval/evaluate.py --config ...     # the items split across the processes (GPUs)
+
 The model, prompt, pixel limits and chat-template switches come from the recipe (any key can be overridden on the
 command line), and the examples come from the same `get_dataset` as training: the held-out split (`eval`) of the
-task. Decoding is greedy and batched with left padding. Records are appended to `<output>.partial.jsonl` as they
-finish (after a header line holding the run's settings), so `--resume` continues an interrupted run with the same
-settings; the final JSON is written atomically.
+task. The model goes to the GPU (or MPS) when there is one, in the recipe's dtype. Decoding is greedy with a
+generation config of our own (nothing from the checkpoint's `generation_config.json`), recorded in the result, in
+batches of prompts of similar length, left-padded; answers do not depend on the batch size or the number of
+processes. Records are appended to `<output>.partial.jsonl` as they finish (after a header line holding the run's
+settings), so `--resume` continues an interrupted run with the same settings; the final JSON is written atomically.
 """
 
 from __future__ import annotations
@@ -17,32 +21,36 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list, gather_object
 from PIL import Image
 from tqdm.auto import tqdm
+from transformers import GenerationConfig
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset, shape_spec
 from vision_grpo.eval.adapters import adapter_base_model, check_adapter_dir, load_verified_adapter
 from vision_grpo.eval.scoring import SCORERS, summarize
-from vision_grpo.modeling import get_processor, load_model, max_pixels_of
+from vision_grpo.modeling import get_processor, load_model, max_pixels_of, vision_special_token_ids
 from vision_grpo.rewards import get_recipe_rewards
 from vision_grpo.runs import package_versions, write_text_atomic
+from vision_grpo.threads import configure_threads
 from vision_grpo.training import fill_image
 
 logger = logging.getLogger("vision_grpo.evaluate")
 IMAGE_CONTROLS = ("none", "blank", "shuffled")
 TIMING_KEYS = ("samples_per_s", "total_seconds")
 SEED = 42
-GEOQA_MAX_NEW_TOKENS = 1024  # the seed's evaluation limit
 # Settings an interrupted run may be resumed with changed: they do not change any record.
-RESUME_FREE_KEYS = ("argv", "batch_size")
+RESUME_FREE_KEYS = ("argv", "batch_size", "num_processes")
 
 
 @dataclass
@@ -54,12 +62,19 @@ class EvalArguments:
     merge_adapter: bool = field(default=False, metadata={"help": "Merge the adapter into the weights (faster)."})
     batch_size: int = field(default=8, metadata={"help": "Prompts generated together (left padding)."})
     max_new_tokens: int | None = field(
-        default=None, metadata={"help": "Default: 1024 for GeoQA (the seed's), else the recipe's completion length."}
+        default=None, metadata={"help": "Default: the recipe's max_completion_length (GeoQA recipes: 1024)."}
     )
     limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N examples."})
     resume: bool = field(default=False, metadata={"help": "Continue from `<output>.partial.jsonl`."})
     image_control: str = field(
         default="none", metadata={"help": "`none`, `blank` (white canvas) or `shuffled` (another item's image)."}
+    )
+    bucket_by_length: bool = field(
+        default=True, metadata={"help": "Batch prompts of similar length (less padding); false: dataset order."}
+    )
+    device_map: str | None = field(
+        default=None,
+        metadata={"help": "`auto`: spread a model too large for one GPU over all (one process). Default: one device."},
     )
 
     def __post_init__(self) -> None:
@@ -69,6 +84,14 @@ class EvalArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.device_map not in (None, "auto"):
+            raise ValueError(f"device_map must be `auto` or unset, got {self.device_map!r}")
+
+
+def default_max_new_tokens(task_args: TaskArguments, train_args: Any) -> int:
+    """The one rule for evaluation and the held-out curves, for every task: the recipe's `max_completion_length`,
+    the length training samples (the GeoQA recipes set the seed's 1,024)."""
+    return train_args.max_completion_length
 
 
 class Evaluator:
@@ -81,17 +104,36 @@ class Evaluator:
         self.reward_funcs = reward_funcs
         self.chat_template_kwargs = chat_template_kwargs
         tokenizer = processor.tokenizer
-        self.eos_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
-        self.eos_ids |= set(_as_list(model.generation_config.eos_token_id))
+        self.pad_id = tokenizer.pad_token_id
+        # Generation stops at the tokenizer's and the model's EOS ids; a completion also ends at padding.
+        self.stop_ids = sorted(
+            {i for i in (tokenizer.eos_token_id, *_as_list(model.generation_config.eos_token_id)) if i is not None}
+        )
+        self.eos_ids = set(self.stop_ids) | ({self.pad_id} if self.pad_id is not None else set())
+        self.suppress_ids = vision_special_token_ids(tokenizer)
 
-    def encode(self, rows: list[dict[str, Any]], images: list[Image.Image]) -> Any:
-        """Model inputs for `rows` with `images` in their image slots, padded on the processor's side (left).
+    def generation_config(self, max_new_tokens: int) -> GenerationConfig:
+        """Greedy decoding, built here: no repetition penalty, top-k/top-p or length rule from the checkpoint."""
+        return GenerationConfig(
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            suppress_tokens=self.suppress_ids or None,
+        )
 
-        Padding goes to the processor through `processor_kwargs`; the chat-template switches stay keyword arguments,
-        which is where transformers looks for template variables.
-        """
+    def decoding(self, max_new_tokens: int) -> dict[str, Any]:
+        """The generation config as recorded in a result's metadata: the values that differ from transformers'."""
+        settings = self.generation_config(max_new_tokens).to_diff_dict()
+        settings.pop("transformers_version", None)
+        return settings
+
+    def _render(self, rows: list[dict[str, Any]], images: list[Image.Image]) -> Any:
+        """Padding goes to the processor through `processor_kwargs`; the chat-template switches stay keyword
+        arguments, which is where transformers looks for template variables."""
         conversations = [fill_image(row["prompt"], image) for row, image in zip(rows, images, strict=True)]
-        inputs = self.processor.apply_chat_template(
+        return self.processor.apply_chat_template(
             conversations,
             add_generation_prompt=True,
             tokenize=True,
@@ -100,15 +142,26 @@ class Evaluator:
             processor_kwargs={"padding": True},
             **self.chat_template_kwargs,
         )
-        # Keep every field the processor returns, as TRL does in training: Qwen-VL models place their multimodal
-        # rotary positions with `mm_token_type_ids`; dropping it silently changes what the model sees.
-        return inputs.to(self.model.device)
+
+    def encode(self, rows: list[dict[str, Any]], images: list[Image.Image]) -> Any:
+        """Model inputs for `rows` with `images` in their image slots, padded on the left, on the model's device.
+
+        Every field the processor returns is kept, as TRL does in training: Qwen-VL models place their multimodal
+        rotary positions with `mm_token_type_ids`; dropping it silently changes what the model sees.
+        """
+        return self._render(rows, images).to(self.model.device)
+
+    def prompt_length(self, row: dict[str, Any], image: Image.Image) -> int:
+        """Tokens of the rendered prompt, image tokens included: what batches are bucketed by."""
+        return int(self._render([row], [image])["input_ids"].shape[1])
 
     @torch.inference_mode()
     def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
         """Completions for `rows` with `images` in their image slots: text, token count, whether cut off."""
         inputs = self.encode(rows, images)
-        output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        config = self.generation_config(max_new_tokens)
+        with only_generation_config(self.model, config):
+            output = self.model.generate(**inputs, generation_config=config)
         results = []
         for ids in output[:, inputs["input_ids"].shape[1] :].tolist():
             end = next((i for i, token in enumerate(ids) if token in self.eos_ids), None)
@@ -124,8 +177,11 @@ class Evaluator:
         return results
 
     def record(self, row: dict[str, Any], generated: dict[str, Any]) -> dict[str, Any]:
-        """One result record: id, gold, prediction, correct, tokens, cut off, text, reward parts."""
-        columns = {k: [v] for k, v in row.items() if k not in ("prompt", "image", "id")}
+        """One result record: id, gold, prediction, correct, tokens, cut off, text, reward parts.
+
+        Rewards get every column of the row as TRL gives them in training (`image` and `id` too), one-item lists.
+        """
+        columns = {k: [v] for k, v in row.items() if k != "prompt"}
         completion = [[{"role": "assistant", "content": generated["text"]}]]
         rewards = {
             func.__name__: func(
@@ -141,6 +197,23 @@ class Evaluator:
             "text": generated["text"],
             "rewards": rewards,
         }
+
+
+@contextmanager
+def only_generation_config(model: Any, config: GenerationConfig) -> Iterator[None]:
+    """While generating, `config` is the model's own generation config too.
+
+    transformers fills every value left unset in the config passed to `generate` from the model's
+    `generation_config` (the checkpoint's file: Qwen2.5-VL ships a repetition penalty, top-k and top-p). With the
+    model's config swapped for ours, nothing leaks in. A PEFT model generates with its base model's config.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = inner.generation_config
+    inner.generation_config = config
+    try:
+        yield
+    finally:
+        inner.generation_config = saved
 
 
 def _as_list(value: Any) -> list[int]:
@@ -205,6 +278,21 @@ def write_partial(partial: Path, metadata: dict[str, Any], records: Iterable[dic
     write_text_atomic(partial, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
 
 
+def by_prompt_length(evaluator: Evaluator, rows: dict[int, dict], images: list[Image.Image]) -> list[int]:
+    """The indices of `rows`, shortest rendered prompt first (ties in item order): batches with little padding."""
+    lengths = {i: evaluator.prompt_length(row, images[i]) for i, row in rows.items()}
+    return sorted(rows, key=lambda i: (lengths[i], i))
+
+
+def _from_main(state: PartialState, value: Any) -> Any:
+    """`value` as the main process has it, on every process."""
+    if state.num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
 def run_evaluation(
     evaluator: Evaluator,
     dataset: Any,
@@ -212,34 +300,49 @@ def run_evaluation(
     max_new_tokens: int,
     metadata: dict[str, Any],
 ) -> dict[str, Any]:
-    """Evaluate `dataset`, appending records to the partial file; write and return the final result."""
+    """Evaluate `dataset`, appending records to the partial file; write and return the final result.
+
+    With several processes (`accelerate launch`), each round gives every process its own batch; the main process
+    gathers the round's records, appends them to the one partial file and writes the one result, in item order.
+    """
+    state = PartialState()
     ids = list(dataset["id"])
     if len(set(ids)) != len(ids):
         raise ValueError("the dataset has duplicate ids: records could not be told apart or resumed")
     output = Path(eval_args.output)
     partial = partial_path(output)
     done: dict[str, dict] = {}
-    if eval_args.resume and partial.exists():
-        wanted = set(ids)  # a run resumed with a smaller --limit keeps only its own examples
-        done = {row_id: record for row_id, record in read_partial(partial, metadata).items() if row_id in wanted}
-        logger.info("resuming: %d of %d examples already done", len(done), len(ids))
-    elif eval_args.resume:
-        logger.info("nothing to resume (%s does not exist): starting from the first example", partial)
-    write_partial(partial, metadata, done.values())
+    if state.is_main_process:
+        if eval_args.resume and partial.exists():
+            wanted = set(ids)  # a run resumed with a smaller --limit keeps only its own examples
+            done = {row_id: record for row_id, record in read_partial(partial, metadata).items() if row_id in wanted}
+            logger.info("resuming: %d of %d examples already done", len(done), len(ids))
+        elif eval_args.resume:
+            logger.info("nothing to resume (%s does not exist): starting from the first example", partial)
+        write_partial(partial, metadata, done.values())
+    done = _from_main(state, done)
     images = control_images(dataset, eval_args.image_control)
-    todo = [i for i, row_id in enumerate(ids) if row_id not in done]
+    rows = {i: dataset[i] for i, row_id in enumerate(ids) if row_id not in done}
+    todo = by_prompt_length(evaluator, rows, images) if eval_args.bucket_by_length else list(rows)
+    batches = [todo[first : first + eval_args.batch_size] for first in range(0, len(todo), eval_args.batch_size)]
+    world, rank = state.num_processes, state.process_index
+    sink = partial.open("a", encoding="utf-8") if state.is_main_process else nullcontext()
+    bar = tqdm(total=len(ids), initial=len(done), desc="eval", disable=not state.is_main_process)
     start = time.perf_counter()
-    with partial.open("a", encoding="utf-8") as sink, tqdm(total=len(ids), initial=len(done), desc="eval") as bar:
-        for first in range(0, len(todo), eval_args.batch_size):
-            batch = todo[first : first + eval_args.batch_size]
-            rows = [dataset[i] for i in batch]
-            generated = evaluator.generate(rows, [images[i] for i in batch], max_new_tokens)
-            for row, result in zip(rows, generated, strict=True):
-                record = evaluator.record(row, result)
+    with sink, bar:
+        for first in range(0, len(batches), world):
+            mine = batches[first + rank] if first + rank < len(batches) else []
+            generated = evaluator.generate([rows[i] for i in mine], [images[i] for i in mine], max_new_tokens)
+            records = [evaluator.record(rows[i], result) for i, result in zip(mine, generated, strict=True)]
+            if world > 1:
+                records = gather_object(records)
+            for record in records:
                 done[record["id"]] = record
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-            sink.flush()
-            bar.update(len(batch))
+                if state.is_main_process:
+                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if state.is_main_process:
+                sink.flush()
+            bar.update(len(records))
     seconds = time.perf_counter() - start
     # Records go through JSON first, so a resumed run's records and a fresh run's are the same values.
     records = [_json_safe(done[row_id]) for row_id in ids]
@@ -247,8 +350,10 @@ def run_evaluation(
     summary["total_seconds"] = seconds
     summary["samples_per_s"] = len(todo) / seconds if seconds > 0 and todo else None
     result = {"summary": summary, "metadata": metadata, "records": records}
-    write_json_atomic(output, result)
-    partial.unlink()
+    if state.is_main_process:
+        write_json_atomic(output, result)
+        partial.unlink()
+    state.wait_for_everyone()
     return result
 
 
@@ -257,20 +362,26 @@ def write_json_atomic(path: Path, content: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(content, indent=1, ensure_ascii=False))
 
 
+def place_model(eval_args: EvalArguments) -> Any:
+    """Where `from_pretrained` puts the model: this process's accelerator (GPU or MPS) when there is one, else the
+    CPU; `--device_map auto` spreads one model over every GPU (one process)."""
+    state = PartialState()
+    if eval_args.device_map == "auto":
+        if state.num_processes > 1:
+            raise ValueError("device_map auto spreads one model over all GPUs: run one process, not accelerate launch")
+        return "auto"
+    return None if state.device.type == "cpu" else {"": state.device}
+
+
 def build_evaluator(task_args: TaskArguments, train_args: Any, model_args: ModelConfig, eval_args: EvalArguments):
     """Model (+ verified adapter), processor and rewards exactly as the recipe's training run built them."""
     processor = get_processor(model_args, task_args, train_args.trust_remote_code)
-    model = load_model(model_args, train_args.trust_remote_code)
+    model = load_model(model_args, train_args.trust_remote_code, device_map=place_model(eval_args))
     if eval_args.adapter:
         model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
     rewards = get_recipe_rewards(task_args, processor.tokenizer)
     evaluator = Evaluator(model, processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
     return evaluator, processor
-
-
-def default_max_new_tokens(task_args: TaskArguments, train_args: Any) -> int:
-    """GeoQA: the seed's 1,024 tokens; shapes: the recipe's training completion length."""
-    return GEOQA_MAX_NEW_TOKENS if task_args.task == "geoqa" else train_args.max_completion_length
 
 
 def describe_dataset(task_args: TaskArguments) -> dict[str, Any]:
@@ -314,6 +425,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
     if eval_args.adapter:
         check_adapter_dir(eval_args.adapter)
+    configure_threads()
+    state = PartialState()
     torch.manual_seed(SEED)
     evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
     dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
@@ -335,13 +448,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "image_control": eval_args.image_control,
         "max_new_tokens": max_new_tokens,
         "batch_size": eval_args.batch_size,
+        "num_processes": state.num_processes,
         "decoding": "greedy",
+        "generation_config": evaluator.decoding(max_new_tokens),
+        "dtype": str(evaluator.model.dtype).removeprefix("torch."),
+        "device": evaluator.model.device.type,
         "seed": SEED,
         "packages": package_versions(),
     }
-    return run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
+    result = run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
+    if state.num_processes > 1:
+        state.destroy_process_group()  # leave together (see RecipeRun.train_and_save)
+    return result
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(json.dumps(main()["summary"], indent=1, ensure_ascii=False))
+    summary = main()["summary"]
+    if PartialState().is_main_process:
+        print(json.dumps(summary, indent=1, ensure_ascii=False))

@@ -96,7 +96,7 @@ def holdout_setup(tiny_model_path):
 def test_holdout_metrics_are_the_evaluators_and_keep_the_mode(holdout_setup, training):
     trainer, rows, rewards = holdout_setup
     trainer.model.train(training)
-    metrics = HoldoutAccuracy(trainer, rows, "shapes", rewards, every=2).measure()
+    metrics = HoldoutAccuracy(trainer, rows, "shapes", rewards, every=2, max_new_tokens=8).measure()
     assert trainer.model.training is training
 
     evaluator = Evaluator(trainer.model, trainer.processing_class, "shapes", rewards, {})
@@ -114,7 +114,7 @@ def test_holdout_metrics_are_the_evaluators_and_keep_the_mode(holdout_setup, tra
 def test_holdout_needs_a_positive_interval(holdout_setup):
     trainer, rows, rewards = holdout_setup
     with pytest.raises(ValueError, match="at least 1"):
-        HoldoutAccuracy(trainer, rows, "shapes", rewards, every=0)
+        HoldoutAccuracy(trainer, rows, "shapes", rewards, every=0, max_new_tokens=8)
 
 
 def _free_port() -> int:

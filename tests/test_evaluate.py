@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,9 +27,10 @@ from conftest import REPO, run_script
 from peft import LoraConfig, get_peft_model
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 from trl import GRPOConfig, ModelConfig
 
+from vision_grpo.callbacks import HoldoutAccuracy
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
@@ -45,7 +47,7 @@ from vision_grpo.eval.evaluate import (
 )
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
-from vision_grpo.tiny_model import build_config, build_tokenizer
+from vision_grpo.tiny_model import FAMILIES, build_tokenizer, qwen2_5_vl_config
 from vision_grpo.training import fill_image
 
 RECIPE_CLASSES = (TaskArguments, GRPOConfig, ModelConfig, EvalArguments)
@@ -224,9 +226,19 @@ def test_final_adapter_folder_on_the_geoqa_fixture(trained_run: Path, geoqa_fixt
     assert set(result["summary"]["rewards"]) == {"boxed_option", "boxed_option_format"}
 
 
-def test_geoqa_default_token_limit_is_the_seeds() -> None:
-    task, train, _, _ = parse_recipe(RECIPE_CLASSES, ["--config", GEOQA_RECIPE])
+@pytest.mark.parametrize("recipe", ["recipes/geoqa/qwen3_5_4b_lora.yaml", "recipes/geoqa/qwen2_5_vl_3b_lora.yaml"])
+def test_geoqa_default_token_limit_is_the_seeds(recipe: str) -> None:
+    task, train, _, _ = parse_recipe(RECIPE_CLASSES, ["--config", recipe, "--bf16", "false"])  # no GPU here
     assert default_max_new_tokens(task, train) == 1024
+
+
+def test_the_holdout_curve_and_the_evaluator_generate_the_same_number_of_tokens(geoqa_fixture: Path) -> None:
+    task, train, model_args, _ = parse_recipe(
+        RECIPE_CLASSES, ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture), "--holdout_eval_steps", "1"]
+    )
+    trainer = SimpleNamespace(processing_class=get_processor(model_args, task), args=train)
+    holdout = HoldoutAccuracy.from_recipe(trainer, task, [])
+    assert holdout.max_new_tokens == default_max_new_tokens(task, train) == train.max_completion_length
 
 
 @pytest.mark.slow
@@ -267,7 +279,7 @@ def test_renamed_adapter_keys_are_refused_by_name(trained_run: Path, tmp_path: P
 
 
 def test_adapter_of_a_base_with_other_dimensions_is_refused(tmp_path: Path) -> None:
-    config = build_config(build_tokenizer())
+    config = qwen2_5_vl_config(build_tokenizer(FAMILIES["qwen2.5-vl"]))
     config.text_config.hidden_size = config.vision_config.out_hidden_size = 64
     other = get_peft_model(Qwen2_5_VLForConditionalGeneration(config), LoraConfig(r=4, target_modules=["q_proj"]))
     other.save_pretrained(tmp_path / "other")
@@ -438,3 +450,94 @@ def test_resume_after_sigkill_gives_the_uninterrupted_file(
         for key in TIMING_KEYS:
             result["summary"].pop(key)
     assert resumed == uninterrupted
+
+
+@pytest.fixture(scope="module")
+def penalised_model(varied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`varied_model` whose checkpoint generation config asks for what Qwen2.5-VL's ships and more: a repetition
+    penalty, top-k/top-p, a no-repeat rule and a minimum length."""
+    path = tmp_path_factory.mktemp("penalised") / "model"
+    shutil.copytree(varied_model, path)
+    config = GenerationConfig.from_pretrained(path)
+    config.update(repetition_penalty=5.0, top_k=1, top_p=0.001, no_repeat_ngram_size=1, min_new_tokens=6)
+    config.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_the_checkpoints_generation_config_has_no_effect(varied_model: Path, penalised_model: Path) -> None:
+    processor = get_processor(ModelConfig(model_name_or_path=TINY_MODEL), TaskArguments())
+    rows = list(get_dataset(TaskArguments(shapes_eval_size=6), "eval", max_pixels_of(processor)))
+    images = [row["image"] for row in rows]
+
+    def texts(path: Path) -> list[str]:
+        model = load_model(ModelConfig(model_name_or_path=str(path), dtype="float32"))
+        assert (model.generation_config.repetition_penalty == 5.0) is (path == penalised_model)
+        return [g["text"] for g in Evaluator(model, processor, "shapes", [], {}).generate(rows, images, 12)]
+
+    assert texts(penalised_model) == texts(varied_model)
+    # Without our generation config the checkpoint's settings do change the answers: the comparison can fail.
+    model = load_model(ModelConfig(model_name_or_path=str(penalised_model), dtype="float32"))
+    inputs = Evaluator(model, processor, "shapes", [], {}).encode(rows, images)
+    with torch.inference_mode():
+        leaked = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    leaked_texts = processor.tokenizer.batch_decode(leaked[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert leaked_texts != texts(varied_model)
+    assert model.generation_config.repetition_penalty == 5.0, "generation swapped the model's config for good"
+
+
+def test_the_generation_config_is_greedy_explicit_and_suppresses_vision_tokens() -> None:
+    processor = get_processor(ModelConfig(model_name_or_path=TINY_MODEL), TaskArguments())
+    model = load_tiny()
+    evaluator = Evaluator(model, processor, "shapes", [], {})
+    decoding = evaluator.decoding(24)
+    tokenizer = processor.tokenizer
+    assert decoding["do_sample"] is False and decoding["max_new_tokens"] == 24
+    assert tokenizer.eos_token_id in decoding["eos_token_id"] and decoding["pad_token_id"] == tokenizer.pad_token_id
+    vision = {tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    assert vision <= set(decoding["suppress_tokens"])
+    assert not {"repetition_penalty", "top_k", "top_p", "temperature"} & set(decoding)
+
+
+REWARD_READING_COLUMNS = '''
+from vision_grpo.rewards import reward
+
+
+@reward()
+def reads_image_and_id(completions, image, id, **kwargs):
+    """Test only: a reward that needs the columns training passes (the image and the id)."""
+    return [image_.width * 1000.0 + len(id_) for image_, id_ in zip(image, id, strict=True)]
+'''
+
+
+@pytest.mark.slow
+def test_rewards_get_the_columns_training_gives_them(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "columns.py").write_text(REWARD_READING_COLUMNS)
+    rewards = ["--reward_funcs", "count_correct", "reads_image_and_id", "--reward_weights", "1", "0"]
+    args = ["--config", SHAPES_RECIPE, "--reward_dirs", str(tmp_path / "plugins"), *rewards, "--limit", "4"]
+    result = evaluate_to(tmp_path / "eval.json", *args, "--max_new_tokens", "2")
+    task, _, model_args, _ = parse_recipe(RECIPE_CLASSES, ["--config", SHAPES_RECIPE])
+    dataset = get_dataset(task, "eval", max_pixels_of(get_processor(model_args, task)))
+    for record, row in zip(result["records"], dataset, strict=False):
+        assert record["rewards"]["reads_image_and_id"] == row["image"].width * 1000.0 + len(row["id"])
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_answers_in_item_order(
+    varied_model: Path, geoqa_fixture: Path, tmp_path: Path
+) -> None:
+    """`torchrun` (as `accelerate launch` starts it) with 2 CPU processes, batches of 3, bucketed by prompt length:
+    one result file, in item order, record for record the one-process file in dataset order at batch 8."""
+    args = ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture), "--model_name_or_path", str(varied_model)]
+    args += ["--limit", "16", "--max_new_tokens", "12"]
+    one = evaluate_to(tmp_path / "one.json", *args, "--batch_size", "8", "--bucket_by_length", "false")
+    two_path = tmp_path / "two.json"
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "eval/evaluate.py"]
+    run_script([*launch, *args, "--batch_size", "3", "--output", str(two_path)], env={"ACCELERATE_USE_CPU": "1"})
+    two = json.loads(two_path.read_text(encoding="utf-8"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "two.json"], "partial files left behind"
+    assert two["metadata"]["num_processes"] == 2 and one["metadata"]["num_processes"] == 1
+    assert len({r["text"] for r in one["records"]}) >= 8, "outputs barely depend on the input: a weak comparison"
+    assert two["records"] == one["records"]
+    assert two["summary"]["n"] == 16

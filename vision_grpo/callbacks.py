@@ -4,6 +4,7 @@ held-out accuracy curve measured with the evaluator's own code (so the curve and
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import Evaluator
+from vision_grpo.eval.evaluate import Evaluator, default_max_new_tokens
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.modeling import max_pixels_of
 
@@ -110,14 +111,17 @@ class TensorBoardHParams(TrainerCallback):
 class HoldoutAccuracy(TrainerCallback):
     """Greedy accuracy on a few held-out rows at step 0, every `every` steps and at the last step.
 
-    Generation and scoring are `Evaluator.generate`/`record` and `summarize`, as in `eval/evaluate.py`; completions
-    may be as long as in training (`max_completion_length`). Runs on the main process only, while the other ranks
+    Generation and scoring are `Evaluator.generate`/`record` and `summarize`, as in `eval/evaluate.py`, with the same
+    explicit greedy generation config and the same number of new tokens (`default_max_new_tokens`); the config is
+    written to `holdout_decoding.json` in the run folder. Runs on the main process only, while the other ranks
     wait at their next collective; under ZeRO-3 the weights are sharded across ranks, so it refuses to start.
     The metrics go through `Trainer.log` (TensorBoard tags `train/holdout/...`), not `GRPOTrainer.log`, which
     would fold TRL's buffered training metrics into this entry and clear them.
     """
 
-    def __init__(self, trainer: Trainer, rows: Any, task: str, reward_funcs: list, every: int) -> None:
+    def __init__(
+        self, trainer: Trainer, rows: Any, task: str, reward_funcs: list, every: int, max_new_tokens: int
+    ) -> None:
         if every < 1:
             raise ValueError(f"held-out evaluation every {every} steps: must be at least 1")
         if is_deepspeed_zero3_enabled():
@@ -127,15 +131,27 @@ class HoldoutAccuracy(TrainerCallback):
         self.task = task
         self.reward_funcs = reward_funcs
         self.every = every
+        self.max_new_tokens = max_new_tokens
 
     @classmethod
     def from_recipe(cls, trainer: Trainer, task_args: Any, reward_funcs: list) -> HoldoutAccuracy:
         """The first `holdout_eval_size` rows of the task's held-out split, every `holdout_eval_steps` steps."""
         dataset = get_dataset(task_args, "eval", max_pixels_of(trainer.processing_class))
         rows = dataset.select(range(min(task_args.holdout_eval_size, len(dataset))))
-        return cls(trainer, rows, task_args.task, reward_funcs, task_args.holdout_eval_steps)
+        max_new_tokens = default_max_new_tokens(task_args, trainer.args)
+        return cls(trainer, rows, task_args.task, reward_funcs, task_args.holdout_eval_steps, max_new_tokens)
+
+    def evaluator(self) -> Evaluator:
+        trainer = self.trainer
+        template_kwargs = trainer.args.chat_template_kwargs or {}
+        return Evaluator(trainer.model, trainer.processing_class, self.task, self.reward_funcs, template_kwargs)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            decoding = {"max_new_tokens": self.max_new_tokens, **self.evaluator().decoding(self.max_new_tokens)}
+            path = Path(args.output_dir) / "holdout_decoding.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(decoding, indent=1), encoding="utf-8")
         if state.global_step == 0:
             self._log(state, control)
 
@@ -157,14 +173,12 @@ class HoldoutAccuracy(TrainerCallback):
         """Summary metrics of greedy completions for the held-out rows; the model's train/eval mode is restored."""
         model, args = self.trainer.model, self.trainer.args
         was_training = model.training
-        evaluator = Evaluator(
-            model, self.trainer.processing_class, self.task, self.reward_funcs, args.chat_template_kwargs or {}
-        )
+        evaluator = self.evaluator()
         records = []
         try:
             for first in range(0, len(self.rows), args.per_device_eval_batch_size):
                 batch = self.rows[first : first + args.per_device_eval_batch_size]
-                generated = evaluator.generate(batch, [row["image"] for row in batch], args.max_completion_length)
+                generated = evaluator.generate(batch, [row["image"] for row in batch], self.max_new_tokens)
                 records += [evaluator.record(row, result) for row, result in zip(batch, generated, strict=True)]
         finally:
             model.train(was_training)
