@@ -92,9 +92,22 @@ def _import_file(path: Path) -> None:
             spec.loader.exec_module(module)
     except RewardPluginError:
         raise
+    except ENDS_THE_RUN as error:  # e.g. argparse at import time: it would end training with exit status 0
+        raise RewardPluginError(f"reward plugin {path} {_ended(error)} while being imported") from error
     except Exception as error:  # a plugin may fail in any way; say which file
         raise RewardPluginError(f"reward plugin {path} failed to import: {type(error).__name__}: {error}") from error
     _LOADED_FILES.add(path)
+
+
+# What plugin code may raise that is no `Exception` but would end the run, silently where it is `SystemExit(0)`.
+ENDS_THE_RUN = (SystemExit, KeyboardInterrupt)
+
+
+def _ended(error: BaseException) -> str:
+    """How plugin code tried to end the process, for the error that replaces it."""
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r}) (SystemExit); plugin code must raise an exception or return values"
+    return "raised KeyboardInterrupt (a second Ctrl-C during a plugin call also shows here)"
 
 
 def discover(extra_dirs: Sequence[str | Path] = ()) -> dict[str, RegisteredReward]:
@@ -119,6 +132,8 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
         where = f"reward `{entry.name}` ({entry.source})"
         try:
             values = func(completions=completions, **kwargs)
+        except ENDS_THE_RUN as error:
+            raise RewardPluginError(f"{where} {_ended(error)}") from error
         except Exception as error:
             raise RewardPluginError(f"{where} raised {type(error).__name__}: {error}") from error
         if not isinstance(values, (list, tuple)) or len(values) != len(completions):

@@ -44,6 +44,17 @@ def raises_on_completions(completions, **kwargs):
     """Test only: a plugin bug that shows only once completions arrive."""
     return [1 / 0 for _ in completions]
 '''
+EXITING_PLUGIN = '''
+import sys
+
+from vision_grpo.rewards import reward
+
+
+@reward()
+def raises_on_completions(completions, **kwargs):
+    """Test only: a plugin that ends the process as if it were a script."""
+    sys.exit(0)
+'''
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -257,10 +268,21 @@ def test_hostile_completions_get_a_number_from_every_builtin_reward(text: str) -
 
 
 @pytest.mark.slow
-def test_a_plugin_that_raises_during_training_stops_the_run_naming_it(tiny_model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [
+        (RAISING_PLUGIN, "raised ZeroDivisionError: division by zero"),
+        (EXITING_PLUGIN, "called sys.exit(0) (SystemExit)"),
+    ],
+    ids=["raises", "sys.exit(0)"],
+)
+def test_a_plugin_that_fails_during_training_stops_the_run_naming_it(
+    tiny_model_path: Path, tmp_path: Path, source: str, said: str
+) -> None:
+    """A plugin bug, or a plugin ending the process with `sys.exit(0)`: exit status 1 naming it, no weights."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "buggy.py").write_text(RAISING_PLUGIN)
+    (plugins / "buggy.py").write_text(source)
     args = ["recipes/train.py", "--config", TINY_RECIPE, "--output_dir", str(tmp_path / "runs"), "--run_name", "r"]
     args += ["--reward_dirs", str(plugins), "--reward_funcs", "raises_on_completions", "--reward_weights", "1"]
     args += ["--max_steps", "2", "--shapes_train_size", "4", "--token_check_samples", "1", "--report_to", "none"]
@@ -271,7 +293,7 @@ def test_a_plugin_that_raises_during_training_stops_the_run_naming_it(tiny_model
         line for line in process.stderr.splitlines() if line.startswith("vision_grpo.rewards.RewardPluginError")
     ]
     where = f"reward `raises_on_completions` ({(plugins / 'buggy.py').resolve()})"
-    assert error.endswith(f"{where} raised ZeroDivisionError: division by zero")
+    assert error.startswith(f"vision_grpo.rewards.RewardPluginError: {where} {said}")
     run_dir = tmp_path / "runs" / "r"
     assert not list(run_dir.glob("checkpoint-*")) and not (run_dir / "adapter_model.safetensors").exists()
     assert json.loads((run_dir / "manifest.json").read_text())["ended"] is None  # never recorded as finished

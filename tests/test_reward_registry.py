@@ -7,6 +7,7 @@ The registry is process-wide, so every plugin written here gets a unique name.
 from __future__ import annotations
 
 import importlib.util
+import re
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -118,6 +119,37 @@ def test_a_plugin_that_fails_to_import_names_the_file(tmp_path: Path, source: st
     path = tmp_path / f"{unique('broken')}.py"
     path.write_text(source)
     with pytest.raises(RewardPluginError, match="failed to import") as error:
+        get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
+    assert str(path.resolve()) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("statement", "said"),
+    [
+        ("sys.exit(0)", "called sys.exit(0)"),
+        ("raise SystemExit('done')", "called sys.exit('done')"),
+        ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
+    ],
+)
+def test_a_plugin_that_tries_to_end_the_run_is_an_error_naming_it(tmp_path: Path, statement: str, said: str) -> None:
+    name = unique("exits")
+    path = write_plugin(tmp_path, f"import sys\n\n\n@reward()\ndef {name}(completions, **kwargs):\n    {statement}\n")
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    with pytest.raises(RewardPluginError, match=re.escape(said)) as error:
+        func(completions=COMPLETIONS)
+    assert name in str(error.value) and str(path.resolve()) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "source", ["import sys\nsys.exit(0)\n", "import argparse\nargparse.ArgumentParser().parse_args()\n"]
+)
+def test_a_plugin_that_exits_while_imported_is_an_error_naming_the_file(
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.argv", ["train.py", "--config", "recipe.yaml"])  # what argparse sees under an entry point
+    path = tmp_path / f"{unique('exits_on_import')}.py"
+    path.write_text(source)
+    with pytest.raises(RewardPluginError, match=r"called sys\.exit\((0|2)\).*while being imported") as error:
         get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
     assert str(path.resolve()) in str(error.value)
 
