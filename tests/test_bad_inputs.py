@@ -362,3 +362,12 @@ def _ids(mark: pytest.Mark) -> list[str]:
     if ids is None:
         return [str(value) for value in mark.args[1] if isinstance(value, str)]
     return [ids(value) for value in mark.args[1]] if callable(ids) else list(ids)
+
+
+def test_a_key_set_twice_in_a_recipe_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text(Path(REPO / TINY_RECIPE).read_text() + "learning_rate: 1.0e-5\n")
+    line = Path(REPO / TINY_RECIPE).read_text().splitlines().index("learning_rate: 1.0e-3") + 1
+    last = len(recipe.read_text().splitlines())
+    with pytest.raises(RecipeError, match=rf"key `learning_rate` is set twice \(lines {line} and {last}\); keep one"):
+        parse_recipe(config_classes(recipe), ["--config", str(recipe)])

@@ -152,6 +152,27 @@ def _matches(value: Any, hint: Any) -> bool:
     return True
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: PyYAML silently keeps the last
+    one, so a recipe that sets `learning_rate` twice trained with whichever came last, without a word."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    lines: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in lines:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key `{key}` is set twice (lines {lines[key]} and {line}); keep one", key_node.start_mark
+            )
+        lines[key] = line
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dict[str, Any]:
     """Read a recipe's YAML; fail on keys that none of `config_classes` knows (naming the nearest valid key) and on
     values of the wrong type."""
@@ -159,7 +180,7 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
     if not path.is_file():
         raise RecipeError(f"recipe {path} does not exist")
     try:
-        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+        content = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a safe loader
     except yaml.YAMLError as error:
         raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
     if not isinstance(content, dict):
