@@ -5,7 +5,10 @@
 Same model, same rows, same rewards and the same GRPOConfig values as `recipes/train.py` with that recipe; what is
 left out is our wiring (recipe checks, visual-token check, run manifest, callbacks, reward plugin wrapper). The rows
 come from our data builder so that both sides train on identical data; the processor comes from our loader only
-because `AutoProcessor` needs torchvision, which this machine cannot have (see FINDINGS.md).
+because `AutoProcessor` needs torchvision, which this machine cannot have (see FINDINGS.md). Generation suppresses
+the vision special tokens as our trainer does (through TRL's `generation_kwargs`): without it the two sides sampled
+different completions once a vision token came up, so they did different work (`train_overhead.py` checks that
+both logged the same token counts at every step).
 """
 
 import dataclasses
@@ -21,7 +24,7 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
-from vision_grpo.modeling import resolve_model_path
+from vision_grpo.modeling import resolve_model_path, vision_special_token_ids
 from vision_grpo.processing import load_processor
 from vision_grpo.rewards import counting
 
@@ -63,10 +66,13 @@ def main(argv: list[str]) -> None:
         target_modules="all-linear",
         exclude_modules=None if task.lora_on_vision else r".*(visual|vision_tower|vision_model).*",
     )
+    # TRL suppresses the image token; recipes/train.py's trainer suppresses every vision special token.
+    suppressed = sorted({model.config.image_token_id, *vision_special_token_ids(processor.tokenizer)})
+    generation_kwargs = {**(recipe.get("generation_kwargs") or {}), "suppress_tokens": suppressed}
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=rewards,
-        args=GRPOConfig(**pick(GRPOConfig)),
+        args=GRPOConfig(**{**pick(GRPOConfig), "generation_kwargs": generation_kwargs}),
         train_dataset=dataset,
         processing_class=processor,
         peft_config=lora if model_args.use_peft else None,

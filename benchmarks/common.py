@@ -127,6 +127,7 @@ class StepLog:
 
     wall_times: list[float]  # epoch seconds at which each step's metrics were logged, in step order
     step_times: list[float]  # TRL's `step_time`: seconds inside `training_step` (generation + backward)
+    tokens: list[float]  # TRL's `num_tokens`: prompt and completion tokens seen so far (the work done)
 
     def step_periods(self) -> list[float]:
         """Wall seconds between consecutive logged steps: everything a step costs (data, callbacks, logging)."""
@@ -142,15 +143,18 @@ def read_step_log(run_dir: Path) -> StepLog:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     by_step: dict[int, tuple[float, float]] = {}
+    tokens: dict[int, float] = {}
     for path in sorted(run_dir.rglob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
                 if value.tag == "train/step_time":
                     by_step[event.step] = (event.wall_time, _scalar(value))
+                elif value.tag == "train/num_tokens":
+                    tokens[event.step] = _scalar(value)
     if not by_step:
         raise RuntimeError(f"no `train/step_time` events under {run_dir}; is TensorBoard logging on every step?")
     steps = sorted(by_step)
-    return StepLog([by_step[s][0] for s in steps], [by_step[s][1] for s in steps])
+    return StepLog([by_step[s][0] for s in steps], [by_step[s][1] for s in steps], [tokens.get(s) for s in steps])
 
 
 def _scalar(value: Any) -> float:

@@ -58,13 +58,24 @@ def test_read_step_log_pairs_each_step_with_its_log_time(tmp_path: Path) -> None
     step_times = [5.0, 1.5, 1.25, 1.0]
     for step, value in enumerate(step_times, start=1):
         writer.add_scalar("train/loss", 0.0, step)
+        writer.add_scalar("train/num_tokens", 100.0 * step, step)
         writer.add_scalar("train/step_time", value, step, walltime=1000.0 + 10 * step)
     writer.close()
     log = read_step_log(tmp_path)
     assert log.step_times == step_times
+    assert log.tokens == [100.0, 200.0, 300.0, 400.0]
     assert log.wall_times == [1010.0, 1020.0, 1030.0, 1040.0]
     assert log.step_periods() == [10.0, 10.0, 10.0]
     assert log.first_step_start() == 1010.0 - 5.0
+
+
+def test_overhead_pairs_that_did_different_work_are_refused() -> None:
+    """Ours / bare TRL compares times only if both sides generated the same tokens at every step."""
+    from train_overhead import check_same_work
+
+    check_same_work({"ours": [864.0, 1709.0], "bare": [864.0, 1709.0]})
+    with pytest.raises(RuntimeError, match="not like for like: at step 2 ours had seen 1709.0 tokens, bare TRL 1722.0"):
+        check_same_work({"ours": [864.0, 1709.0], "bare": [864.0, 1722.0]})
 
 
 def test_gpu_benchmark_config_has_the_3b_model_size() -> None:
@@ -84,6 +95,7 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
         assert numbers and all(math.isfinite(n) and n >= 0 for n in numbers), name
     overhead = json.loads((tmp_path / "train_overhead.json").read_text())
     assert overhead["s_per_step"]["ours"] > 0 and overhead["s_per_step"]["bare"] > 0
+    assert overhead["load"].startswith("load average")
     assert overhead["startup_s"]["ours"] > 0 and overhead["peak_rss_mib"]["ours"] > 100
     evaluation = json.loads((tmp_path / "eval_throughput.json").read_text())
     assert evaluation["base batch 8"]["same_answers_as_batch_1"] == evaluation["items"]  # batching changes nothing
