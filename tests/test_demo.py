@@ -1,5 +1,5 @@
-"""`make demo` end to end at toy size: every stage runs, the table and the PNG appear, and the reported numbers
-recompute from the per-example records."""
+"""`make demo` end to end at toy size: both experiments run every stage, the tables and the PNG appear, and the
+reported numbers recompute from the per-example records."""
 
 from __future__ import annotations
 
@@ -10,39 +10,87 @@ from conftest import run_script
 
 from vision_grpo.eval.compare import mcnemar_exact
 from vision_grpo.eval.scoring import summarize
+from vision_grpo.pass_at_k import summarize_samples
 
 TIMING = ("total_seconds", "samples_per_s")
+# Result-file prefix of each experiment, its models and their column labels in the report.
+EXPERIMENTS = {
+    "": {"warm_start": "warm start", "grpo": "after GRPO"},
+    "biased_": {"warm_start": "warm start", "grpo": "after GRPO", "sft_control": "SFT control (more SFT)"},
+}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
 
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
-    process = run_script(
-        ["-m", "vision_grpo.demo", "--quick", "--runs-dir", str(runs), "--results-dir", str(results)], timeout=900
-    )
-    report = (results / "report.md").read_text()
-    assert "| accuracy (strict: last \\boxed{N} right) |" in report
-    assert "strict accuracy with a blank image" in report
-    assert "McNemar exact test" in report
-    assert (results / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    command = ["-m", "vision_grpo.demo", "--quick", "--runs-dir", str(runs), "--results-dir", str(results)]
+    process = run_script(command, timeout=900)
     assert "TensorBoard: tensorboard --logdir" in process.stdout
+    check_demo_outputs(runs, results)
 
-    loaded = {
-        name: json.loads((results / f"{name}.json").read_text())
-        for name in ("warm_start", "grpo", "warm_start_blank", "grpo_blank")
-    }
-    for result in loaded.values():
-        recomputed = summarize(result["records"])
-        reported = {k: v for k, v in result["summary"].items() if k not in TIMING}
-        assert reported == recomputed
-    test = mcnemar_exact(loaded["warm_start"]["records"], loaded["grpo"]["records"])
-    assert f"{test['b']} items right only before, {test['c']} right only after, p = {test['p_value']:.3g}" in report
-    before, after = (loaded[name]["summary"]["accuracy"] for name in ("warm_start", "grpo"))
-    row = f"| accuracy (strict: last \\boxed{{N}} right) | {100 * before:.1f}% | {100 * after:.1f}% |"
-    assert row in report.splitlines()
+    # A second run reuses all five finished training stages instead of training again.
+    again = run_script(command, timeout=900)
+    assert again.stdout.count("reusing") == 5
 
-    # A second run reuses both finished training stages instead of training again.
-    again = run_script(
-        ["-m", "vision_grpo.demo", "--quick", "--runs-dir", str(runs), "--results-dir", str(results)], timeout=900
-    )
-    assert again.stdout.count("reusing") == 2
+
+def check_demo_outputs(runs, results):
+    """The report's tables and tests agree with the result files, whose summaries agree with their records."""
+    report = (results / "report.md").read_text()
+    lines = report.splitlines()
+    assert "## Experiment 1: GRPO teaches the answer format" in lines
+    assert "## Experiment 2: GRPO corrects biased demonstrations" in lines
+    assert (results / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    for prefix, models in EXPERIMENTS.items():
+        loaded = {}
+        for name in models:
+            greedy, blank, sampled = (
+                json.loads((results / f"{prefix}{name}{suffix}.json").read_text())
+                for suffix in ("", "_blank", "_pass8")
+            )
+            for result in (greedy, blank):
+                assert {k: v for k, v in result["summary"].items() if k not in TIMING} == summarize(result["records"])
+            assert sampled["summary"] == summarize_samples(sampled["records"])
+            assert sampled["summary"]["k"] == 8 and sampled["metadata"]["decoding"]["temperature"] == 1.0
+            assert [r["id"] for r in sampled["records"]] == [r["id"] for r in greedy["records"]]
+            loaded[name] = (greedy, sampled)
+
+        # Each experiment's table: one column per model, every cell from the result files.
+        def row(name, cells):
+            return f"| {name} | " + " | ".join(cells) + " |"
+
+        assert "| | " + " | ".join(models.values()) + " |" in lines
+        strict = [_pct(greedy["summary"]["accuracy"]) for greedy, _ in loaded.values()]
+        assert row("accuracy (strict: last \\boxed{N} right)", strict) in lines
+        pass_k = [_pct(sampled["summary"]["pass_at_k"]) for _, sampled in loaded.values()]
+        assert row("pass@8 (some of 8 samples right)", pass_k) in lines
+        by_count = [
+            " · ".join(
+                _pct(value)
+                for value in (
+                    greedy["summary"]["accuracy_by_count"]["3"],
+                    sampled["summary"]["pass_at_1_by_count"]["3"],
+                    sampled["summary"]["pass_at_k_by_count"]["3"],
+                )
+            )
+            for greedy, sampled in loaded.values()
+        ]
+        threes = sum(1 for r in loaded["warm_start"][0]["records"] if r["gold"] == "3")
+        assert row(f"3-shape images (n = {threes}): greedy · pass@1 · pass@8", by_count) in lines
+
+        # McNemar: warm start -> GRPO; in the second experiment also control -> GRPO and warm start -> control.
+        pairs = [("warm_start", "grpo")] + ([("sft_control", "grpo"), ("warm_start", "sft_control")] if prefix else [])
+        for first, second in pairs:
+            test = mcnemar_exact(loaded[first][0]["records"], loaded[second][0]["records"])
+            assert (
+                f"McNemar exact test on strict accuracy, {models[first]} → {models[second]}: {test['b']} images right "
+                f"only with '{models[first]}', {test['c']} only with '{models[second]}', p = {test['p_value']:.3g}."
+            ) in lines
+
+    # The control continued the biased warm start, for a step count derived from the GRPO stage's time.
+    control = json.loads((runs / "shapes" / "tiny_sft_biased" / "demo-biased-control" / "manifest.json").read_text())
+    assert control["argv"][control["argv"].index("--model_name_or_path") + 1].endswith("tiny_sft_biased/demo-biased")
