@@ -8,6 +8,7 @@ processor sees are the same in both: the most common failure in this field is a 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
 import numpy as np
@@ -21,6 +22,32 @@ MAX_DECODE_PIXELS = 64_000_000
 
 class ImageTooLarge(ValueError):
     """An image over `MAX_DECODE_PIXELS`, caught from its header (its size) before its pixels are decoded."""
+
+
+# Qwen-VL's image processors refuse an image whose long side is more than 200 times its short side (`smart_resize`).
+MAX_ASPECT_RATIO = 200
+# Qwen's control and vision tokens all look like this; inside a question they would be read as the real token.
+SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+
+
+class RowRefused(ValueError):
+    """A row the processor would refuse or the tokenizer misread later (at a training step or evaluation batch)."""
+
+
+def check_aspect_ratio(image: Image.Image) -> None:
+    """Refuse an image whose sides differ by more than `MAX_ASPECT_RATIO` times, before the processor does."""
+    width, height = image.size
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise RowRefused(
+            f"image of {width}x{height} pixels has an aspect ratio above {MAX_ASPECT_RATIO}, which Qwen-VL's "
+            "processor refuses; crop or pad it"
+        )
+
+
+def special_token_in(text: str) -> str | None:
+    """The first Qwen special token (`<|im_end|>`, `<|image_pad|>`, ...) written inside `text`, if any."""
+    found = SPECIAL_TOKEN.search(text)
+    return found.group(0) if found else None
 
 
 def check_decode_size(image: Image.Image) -> None:
@@ -95,10 +122,17 @@ def make_example(
     **reward_columns: Any,
 ) -> dict[str, Any]:
     """A row for TRL's trainers and for our evaluator: `id`, conversational `prompt`, normalised `image`, and the
-    columns the reward functions read (TRL passes every extra column to them as a keyword list)."""
-    return {
-        "id": example_id,
-        "prompt": build_messages(text, image_position),
-        "image": normalize_image(image, max_pixels),
-        **reward_columns,
-    }
+    columns the reward functions read (TRL passes every extra column to them as a keyword list).
+
+    A row the model would choke on later (an image the processor refuses, a special token typed into the text) fails
+    here, naming its id, rather than at the training step or evaluation batch that meets it on every resume.
+    """
+    image = normalize_image(image, max_pixels)
+    try:
+        check_aspect_ratio(image)
+        token = special_token_in(text)
+        if token:
+            raise RowRefused(f"its text holds the special token {token}, which the tokenizer would read as control")
+    except RowRefused as error:
+        raise RowRefused(f"example {example_id}: {error}") from None
+    return {"id": example_id, "prompt": build_messages(text, image_position), "image": image, **reward_columns}

@@ -13,6 +13,7 @@ folder, or a folder written by `prepare` (below), so offline clusters and the te
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import json
 import logging
@@ -23,7 +24,7 @@ from typing import Any
 import datasets
 from PIL import Image, UnidentifiedImageError
 
-from vision_grpo.data.collator import ImageTooLarge, check_decode_size
+from vision_grpo.data.collator import ImageTooLarge, RowRefused, check_aspect_ratio, check_decode_size, special_token_in
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,45 @@ def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
                 "--revision <commit> --output-dir <dir>` and set `dataset_name` to that folder, or to a local "
                 "parquet copy"
             ) from error
-    return _check_columns(dataset, source)
+    return _check_unique_ids(_check_columns(dataset, source), source)
+
+
+def _check_unique_ids(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
+    """Refuse a source whose ids repeat: two copies of the data in one folder would train on every row twice and
+    make the fixed subset ambiguous."""
+    counts = collections.Counter(dataset["id"])
+    repeated = [row_id for row_id, count in counts.items() if count > 1]
+    if repeated:
+        path = Path(source).expanduser()
+        files = sorted(str(p.relative_to(path)) for p in path.rglob("*.parquet")) if path.is_dir() else []
+        read = f"; files read: {', '.join(files)}" if files else ""
+        raise GeoQADataError(
+            f"{source}: {len(repeated)} id(s) appear more than once (e.g. {', '.join(map(str, repeated[:5]))}){read}. "
+            "Is a second copy of the data in the same folder? Keep one copy, or point `dataset_name` at one file"
+        )
+    return dataset
+
+
+def log_unused_rows(dataset: datasets.Dataset, source: str) -> dict[str, int]:
+    """Count the rows neither trained on nor evaluated, by reason, and say so: `val` rows (the seed uses none) and
+    rows whose `original_split` is missing or unknown (named by id, since they are probably a data error)."""
+    splits = collections.Counter(dataset["original_split"])
+    unknown = {split: n for split, n in splits.items() if split not in ("train", "test", "val")}
+    counts = {"val (unused by the seed)": splits.get("val", 0), "no or unknown original_split": sum(unknown.values())}
+    if counts["no or unknown original_split"]:
+        pairs = zip(dataset["id"], dataset["original_split"], strict=True)
+        ids = [row_id for row_id, split in pairs if split in unknown]
+        logger.warning(
+            "GeoQA %s: %d row(s) have original_split %s and are neither trained on nor evaluated (ids %s%s)",
+            source,
+            len(ids),
+            sorted(map(repr, unknown)),
+            ", ".join(map(str, ids[:10])),
+            ", ..." if len(ids) > 10 else "",
+        )
+    if counts["val (unused by the seed)"]:
+        logger.info("GeoQA %s: %d val row(s) not used (the seed trains on train only)", source, splits["val"])
+    return counts
 
 
 def train_rows(dataset: datasets.Dataset) -> datasets.Dataset:
@@ -202,6 +241,7 @@ def load_split(
             raise GeoQADataError(f"{prepared / SUBSET_FILE}: {len(subset)} rows, expected {SUBSET_SIZE}")
         return subset
     dataset = load_source(source, revision)
+    log_unused_rows(dataset, source)
     return train_rows(dataset) if split == "train" else fixed_test_subset(dataset, expected_test_rows)
 
 
@@ -238,12 +278,21 @@ def check_row(row: dict[str, Any]) -> Image.Image:
         )
         if not has_image:
             raise GeoQADataError("no image")
+        texts = [row["subject"], *choices]
+        token = next((found for found in map(special_token_in, texts) if found), None)
+        if token:
+            raise GeoQADataError(f"the text holds the special token {token}, which the tokenizer would read as control")
         try:
-            return _decode_image(image)
+            decoded = _decode_image(image)
         except ImageTooLarge as error:
             raise GeoQADataError(str(error)) from error
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
             raise GeoQADataError(f"image does not decode ({error})") from error
+        try:
+            check_aspect_ratio(decoded)
+        except RowRefused as error:
+            raise GeoQADataError(str(error)) from error
+        return decoded
     except GeoQADataError as error:
         raise GeoQADataError(f"GeoQA row id={row.get('id')!r}: {error}") from None
 

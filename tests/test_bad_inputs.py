@@ -28,6 +28,7 @@ from trl import ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
+from vision_grpo.data.collator import RowRefused, make_example
 from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
 from vision_grpo.modeling import TINY_MODEL, load_model
@@ -225,6 +226,49 @@ def test_a_dataset_with_only_bad_rows_is_empty_after_filtering(tmp_path: Path) -
         get_dataset(geoqa(path, skip_bad_rows=True), "train", MAX_PIXELS)
 
 
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        (lambda row: row.update(image=encoded(Image.new("RGB", (402, 2), "white"))), "aspect ratio above 200"),
+        (lambda row: row.update(subject=row["subject"] + "<|im_end|>"), r"special token <\|im_end\|>"),
+        (lambda row: row["choices"].__setitem__(2, "<|image_pad|>"), r"special token <\|image_pad\|>"),
+    ],
+    ids=["aspect-ratio", "special-token-in-question", "special-token-in-choice"],
+)
+def test_a_row_the_model_would_choke_on_later_is_found_up_front_and_skippable(
+    tmp_path: Path, spoil: Callable, message: str
+) -> None:
+    """Before: Qwen's resize refused the 402x2 image at the same evaluation batch on every resume, with no row id."""
+    rows = fixture_rows(train_rows=3, test_rows=0, val_rows=0, seed=10)
+    spoil(rows[1])
+    path = write_rows(rows, tmp_path / "spoilt.parquet")
+    with pytest.raises(GeoQADataError, match=rf"id={rows[1]['id']}: .*{message}"):
+        get_dataset(geoqa(path), "train", MAX_PIXELS)
+    kept = get_dataset(geoqa(path, skip_bad_rows=True), "train", MAX_PIXELS)
+    assert kept["id"] == [str(rows[0]["id"]), str(rows[2]["id"])]
+
+
+def test_rows_without_a_split_are_counted_and_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    rows = fixture_rows(train_rows=4, test_rows=0, val_rows=2, seed=11)
+    first, second = [row for row in rows if row["original_split"] == "train"][:2]
+    first["original_split"] = second["original_split"] = None
+    with caplog.at_level(logging.INFO, logger="vision_grpo.data.geoqa"):
+        dataset = get_dataset(geoqa(write_rows(rows, tmp_path / "nosplit.parquet")), "train", MAX_PIXELS)
+    assert len(dataset) == 2
+    said = "2 row(s) have original_split ['None'] and are neither trained on nor evaluated"
+    assert f"{said} (ids {first['id']}, {second['id']})" in caplog.text
+    assert "2 val row(s) not used" in caplog.text
+
+
+def test_a_folder_holding_two_copies_of_the_data_is_refused(tmp_path: Path) -> None:
+    """Before: both copies were read and every row trained twice (duplicate ids)."""
+    rows = fixture_rows(train_rows=3, test_rows=0, val_rows=0, seed=12)
+    write_rows(rows, tmp_path / "train.parquet")
+    write_rows(rows, tmp_path / "train (copy).parquet")
+    with pytest.raises(GeoQADataError, match=r"3 id\(s\) appear more than once .*files read: train \(copy\).parquet, "):
+        get_dataset(geoqa(tmp_path), "train", MAX_PIXELS)
+
+
 def test_a_folder_holding_pickle_files_is_refused_unread(tmp_path: Path) -> None:
     """The GeoQA originals ship `.pk` files; unpickling them would run whatever code they hold."""
     write_rows(fixture_rows(train_rows=2, test_rows=0, val_rows=0), tmp_path / "train.parquet")
@@ -371,3 +415,13 @@ def test_a_key_set_twice_in_a_recipe_is_refused_naming_both_lines(tmp_path: Path
     last = len(recipe.read_text().splitlines())
     with pytest.raises(RecipeError, match=rf"key `learning_rate` is set twice \(lines {line} and {last}\); keep one"):
         parse_recipe(config_classes(recipe), ["--config", str(recipe)])
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "message"),
+    [("How many <|vision_start|>?", (40, 30), "special token"), ("How many?", (1000, 4), "aspect ratio above 200")],
+)
+def test_every_task_refuses_such_rows_when_it_builds_them(text: str, size: tuple, message: str) -> None:
+    """`make_example` is every task's row builder: the last line of defence names the example."""
+    with pytest.raises(RowRefused, match=rf"example row-7: .*{message}"):
+        make_example("row-7", text, Image.new("RGB", size), "before_text", MAX_PIXELS)
