@@ -7,6 +7,7 @@ checksums of its weights after every optimizer step.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -19,6 +20,27 @@ from safetensors.torch import load_file
 
 from vision_grpo.modeling import TINY_MODEL, resolve_model_path
 
+# `python rank_clock.py <script> <args>`: the script, with rank r's clock 2 r seconds ahead (as on two machines, or
+# two processes that straddle a second), so a run name taken from each rank's own clock names two folders.
+RANK_CLOCK = """
+import datetime as real
+import os
+import runpy
+import sys
+
+from vision_grpo import training
+
+
+class RankClock(real.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return real.datetime.now(tz) + real.timedelta(seconds=2 * int(os.environ["RANK"]))
+
+
+training.datetime = RankClock
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 # DeepSpeed JIT-compiles its CPU communication op on first use; a stable folder makes that a one-time cost.
 TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
@@ -109,3 +131,36 @@ def test_the_embedded_model_builds_completely_on_a_rank_other_than_zero(tmp_path
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
     built = {path.name for path in Path(resolve_model_path(TINY_MODEL)).iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= built
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.slow
+def test_two_processes_name_one_run_folder_and_a_finished_run_is_left_alone(tmp_path: Path) -> None:
+    """No `--run_name`, ranks with different clocks: one folder. Resumed at its last step: says so, changes no byte.
+    Resumed with a larger `max_steps`: continues, and the manifest keeps its first start."""
+    (tmp_path / "rank_clock.py").write_text(RANK_CLOCK)
+    runs = tmp_path / "runs"
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(tmp_path / "rank_clock.py")]
+    train = ["recipes/train.py", "--config", TINY_RECIPE, "--output_dir", str(runs), "--save_steps", "1"]
+    train += ["--report_to", "none", "--token_check_samples", "1"]
+    cpu = {"ACCELERATE_USE_CPU": "1"}
+    run_script([*launch, *train, "--max_steps", "2"], env=cpu)
+    (run_dir,) = runs.iterdir()
+    assert (run_dir / "adapter_model.safetensors").is_file() and (run_dir / "checkpoint-2").is_dir()
+    before = _files(run_dir)
+    first = json.loads((run_dir / "manifest.json").read_text())
+    assert first["global_step"] == first["max_steps"] == 2
+
+    resume = [*train, "--run_name", run_dir.name, "--resume_from_checkpoint", "true"]
+    again = run_script([*launch, *resume, "--max_steps", "2"], env=cpu)
+    assert "already finished at step 2" in again.stderr
+    assert _files(run_dir) == before, "resuming a finished run changed its folder"
+
+    run_script([*launch, *resume, "--max_steps", "3"], env=cpu)
+    grown = json.loads((run_dir / "manifest.json").read_text())
+    assert grown["global_step"] == 3 and grown["started"] == first["started"]
+    assert [r["from"] for r in grown["resumes"]] == [str(run_dir / "checkpoint-2")]
+    assert list(runs.iterdir()) == [run_dir]

@@ -40,9 +40,10 @@ from vision_grpo.rewards import completion_texts, reward
 
 @reward()
 def resume_probe(completions, trainer_state, **kwargs):
-    """Test only: log (completed steps, prompt ids); SIGKILL this process at a given step; reward variety."""
+    """Test only: log (completed steps, prompt ids, process); SIGKILL this process at a given step; reward variety."""
     with open(os.environ["PROBE_LOG"], "a", encoding="utf-8") as log:
         record = {"step": trainer_state.global_step, "ids": list(kwargs["id"]), "pid": os.getpid()}
+        record["rank"] = int(os.environ.get("RANK", 0))
         log.write(json.dumps(record) + "\\n")
     if trainer_state.global_step == int(os.environ.get("PROBE_KILL_AT_STEP", -1)):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -273,3 +274,35 @@ def test_a_stop_signal_saves_a_checkpoint_and_the_run_then_ends_cleanly(
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["ended"] is not None and manifest["global_step"] == stopped_at
     assert (run_dir / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_of_two_processes_stops_both_after_the_same_step(tiny_model_path: Path, tmp_path: Path) -> None:
+    """The signal reaches rank 1 only (as when one node's job is preempted): both ranks must stop after the same
+    step and save one checkpoint together; a rank that stopped alone would leave the other waiting forever."""
+    log = tmp_path / "probe.jsonl"
+    args = training_args(tmp_path, "stopped", max_steps="200", save_strategy="no")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    process = subprocess.Popen(
+        launch,
+        cwd=REPO,
+        env={**os.environ, **guarded_env(tmp_path, log), "ACCELERATE_USE_CPU": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # so that a hung run can be killed with all its workers
+    )
+    try:
+        wait_for_step(log, process, step=1, timeout=300)
+        rank_1 = next(r["pid"] for r in probe_records(log) if r["rank"] == 1)
+        os.kill(rank_1, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, stderr[-4000:]
+    (checkpoint,) = (tmp_path / "runs" / "stopped").glob("checkpoint-*")
+    stopped_at = json.loads((checkpoint / TRAINER_STATE).read_text())["global_step"]
+    last_step = {rank: max(r["step"] for r in probe_records(log) if r["rank"] == rank) for rank in (0, 1)}
+    assert last_step == {0: stopped_at - 1, 1: stopped_at - 1}, "the ranks stopped after different steps"
+    assert 1 <= stopped_at < 200 and (checkpoint / "adapter_model.safetensors").is_file()

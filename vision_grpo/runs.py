@@ -92,14 +92,21 @@ def _hardware() -> dict[str, Any]:
 
 
 def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], **extra) -> None:
-    """Write `recipe.yaml` and the first `manifest.json` into the run folder."""
+    """Write `recipe.yaml` and `manifest.json` into the run folder.
+
+    A resumed run (`resumed_from` set) keeps the manifest's first start and adds this start to `resumes`.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = resolved_recipe(set_keys(recipe_path, argv), configs)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    earlier = read_manifest(run_dir) if extra.get("resumed_from") else None
+    resumes = [] if earlier is None else [*earlier.get("resumes", []), {"at": now, "from": extra["resumed_from"]}]
     manifest = {
         "recipe": recipe_path,
         "argv": argv,
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started": now if earlier is None else earlier["started"],
+        "resumes": resumes,
         "ended": None,
         "packages": package_versions(),
         "git": git_state(),
@@ -107,6 +114,29 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
         **extra,
     }
     _write_json(run_dir / "manifest.json", manifest)
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any] | None:
+    """The run folder's `manifest.json`, or None when it has none."""
+    path = run_dir / "manifest.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def finished_step(run_dir: Path, max_steps: int, num_train_epochs: float) -> int | None:
+    """The step a run ended at, if it completed what is asked now; None if there is more to do.
+
+    Finished: the manifest records an end at the step the run planned (not a stop on a signal), and the request is
+    not for more (`max_steps` not larger; with `max_steps` unset, the same number of epochs).
+    """
+    manifest = read_manifest(run_dir)
+    if manifest is None or manifest.get("ended") is None or manifest.get("max_steps") is None:
+        return None
+    step = manifest["global_step"]
+    if step < manifest["max_steps"]:
+        return None
+    if max_steps > 0:
+        return step if step >= max_steps else None
+    return step if num_train_epochs == manifest.get("num_train_epochs") else None
 
 
 def write_run_end(run_dir: Path, **extra: Any) -> None:

@@ -15,7 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer, ModelConfig
@@ -23,7 +25,8 @@ from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
-from vision_grpo.runs import dataset_identity, write_run_end, write_run_start
+from vision_grpo.runs import dataset_identity, finished_step, write_run_end, write_run_start
+from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger(__name__)
 
@@ -43,16 +46,34 @@ class RecipeRun:
     run_dir: Path
     resume_from: str | None
     is_main: bool
+    finished: bool = False
 
     @classmethod
     def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
-        """Parse the recipe (fails on any bad key before loading anything) and set up the run folder."""
+        """Parse the recipe (fails on any bad key before loading anything) and set up the run folder.
+
+        A resumed run that already reached its `max_steps` is `finished`: the entry point then stops without
+        loading anything or touching the folder. With a larger `max_steps` it continues from its last checkpoint.
+        """
         task_args, training_args, model_args = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
+        configure_threads()
         recipe_path = recipe_path_of(argv)
         run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
         resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
         is_main = PartialState().is_main_process
-        return cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
+        run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
+        if resume_from is not None:
+            step = finished_step(run_dir, training_args.max_steps, training_args.num_train_epochs)
+            if step is not None:
+                logger.warning(
+                    "run %s already finished at step %d (max_steps %s): nothing to do, nothing changed; raise "
+                    "max_steps to continue it",
+                    run_dir,
+                    step,
+                    training_args.max_steps,
+                )
+                run.finished = True
+        return run
 
     def train_and_save(self, trainer: Any, processor: Any) -> Path:
         """Record the run, train (resuming if asked), save the model or adapter and the processor, close the record."""
@@ -69,9 +90,17 @@ class RecipeRun:
         trainer.save_model(str(self.run_dir))
         if self.is_main:
             processor.save_pretrained(str(self.run_dir))
-            write_run_end(self.run_dir, global_step=trainer.state.global_step)
-        # Leave together and close the process group: a rank that exits while gloo's threads still serve another
-        # aborted with "terminate called without an active exception" (seen once in CI, 2 CPU processes).
+            write_run_end(
+                self.run_dir,
+                global_step=trainer.state.global_step,
+                max_steps=trainer.state.max_steps,
+                num_train_epochs=self.training_args.num_train_epochs,
+            )
+        return self.close()
+
+    def close(self) -> Path:
+        """Leave together and close the process group: a rank that exits while gloo's threads still serve another
+        aborted with "terminate called without an active exception" (seen once in CI, 2 CPU processes)."""
         state = PartialState()
         state.wait_for_everyone()
         state.destroy_process_group()
@@ -82,9 +111,10 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     """Point the trainer at `runs/<task>/<recipe>/<run-name>/`: checkpoints, TensorBoard events, resolved recipe.
 
     The recipe's `output_dir` is the recipe's folder; the run name comes from `run_name` (recipe or `--run_name`)
-    or the start time. Rerunning with the same `run_name` finds that run's checkpoints again (resume).
+    or the start time on the main process, which every process takes (ranks whose clocks straddle a second would
+    otherwise write into two folders). Rerunning with the same `run_name` finds that run's checkpoints again.
     """
-    run_name = trainer_args.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_name = trainer_args.run_name or _from_main_process(datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(trainer_args.output_dir) / run_name
     trainer_args.output_dir = str(run_dir)
     trainer_args.run_name = run_name
@@ -92,6 +122,15 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir)
     logger.info("run %s of recipe %s in %s", run_name, recipe_name, run_dir)
     return run_dir
+
+
+def _from_main_process(value: Any) -> Any:
+    """`value` as the main process has it, on every process."""
+    if PartialState().num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
 
 
 RESUME_LAST = ("true", "last")
@@ -208,7 +247,12 @@ class EpochSeededSampler(RepeatSampler):
 
 
 class GracefulStop(TrainerCallback):
-    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once."""
+    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
+
+    With several processes the request is agreed at every step boundary (a max over the ranks), so all stop after
+    the same step even when the signal reached only one of them or reached them during different steps; a rank
+    that stopped alone would leave the others waiting in their next collective forever.
+    """
 
     def __init__(self) -> None:
         self.requested = False
@@ -224,7 +268,16 @@ class GracefulStop(TrainerCallback):
         self.requested = True
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested:
+        if self.agreed():
             control.should_save = True
             control.should_training_stop = True
         return control
+
+    def agreed(self) -> bool:
+        """Whether any process was asked to stop."""
+        process = PartialState()
+        if process.num_processes == 1:
+            return self.requested
+        flag = torch.tensor([int(self.requested)], device=process.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
