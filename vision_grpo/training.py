@@ -24,9 +24,11 @@ from trl import GRPOTrainer, ModelConfig
 from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
+from vision_grpo.logprob_guard import LogprobGapGuard
 from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
 from vision_grpo.runs import dataset_identity, finished_step, write_run_end, write_run_start
 from vision_grpo.threads import configure_threads
+from vision_grpo.vllm_generation import VisionVLLMGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +199,9 @@ class VisionGRPOTrainer(GRPOTrainer):
             suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
             self.generation_kwargs["suppress_tokens"] = suppressed
             self.generation_config.suppress_tokens = suppressed
+        else:  # un-expanded prompts into the engine, vision tokens biased away, the logprob gap guarded
+            VisionVLLMGeneration.of(self.vllm_generation, self.processing_class)
+            self.add_callback(LogprobGapGuard())
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)

@@ -1,0 +1,135 @@
+"""vLLM generation that is correct for Qwen-VL prompts, in TRL's colocate and server modes.
+
+Two upstream gaps, both measured against a real (CPU) vLLM build with the embedded model:
+
+1. Prompt form (colocate). TRL renders each prompt with the processor, whose ids already hold one image token per
+   image feature, and hands those ids with the image to the engine, which expands the placeholder again
+   (huggingface/trl#6294, #6401; not fixed in TRL 1.16): a 62-token prompt with 36 image tokens reached the engine as
+   97 tokens with 71. The policy then learns from samples drawn for another prompt (mean logprob gap 0.10). The
+   engine must receive one placeholder per image and expand it itself, with the trainer's pixel limits, so that its
+   expansion is the trainer's prompt exactly; `VisionPromptEngine` does that and checks the engine's prompt.
+   Server mode already pairs the trainer's expanded ids with features the server computed; there the risk is a
+   server whose pixel limits differ from the recipe's, which `VisionVLLMGeneration._place_features` refuses.
+2. Vision tokens. TRL suppresses the image token only for HF generation; vLLM samples it, and training crashes a
+   step later ("Image features and image tokens do not match"). A -100 logit bias on every vision special token
+   (the ones `VisionGRPOTrainer` suppresses for HF generation) keeps vLLM from sampling them, in both modes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trl.generation.vllm_generation import VLLMGeneration
+
+from vision_grpo.modeling import vision_special_token_ids
+
+# vLLM clamps logit biases to [-100, 100]; -100 makes a token's probability ~e^-100 of what it was.
+NEVER = -100.0
+
+
+def collapse_image_runs(ids: list[int], image_token_id: int) -> list[int]:
+    """`ids` with every run of image tokens shortened to one: the un-expanded prompt that vLLM expands itself."""
+    return [token for i, token in enumerate(ids) if token != image_token_id or i == 0 or ids[i - 1] != token]
+
+
+def image_runs(ids: list[int], image_token_id: int) -> list[int]:
+    """The length of every run of image tokens in `ids`, in order (one run per image)."""
+    runs: list[int] = []
+    for i, token in enumerate(ids):
+        if token == image_token_id:
+            if i > 0 and ids[i - 1] == image_token_id:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+    return runs
+
+
+def pixel_kwargs(processor: Any) -> dict[str, Any]:
+    """The processor's pixel limits as vLLM's `mm_processor_kwargs`: the engine resizes images as training does."""
+    return {"size": dict(processor.image_processor.size)}
+
+
+def vision_logit_bias(tokenizer: Any) -> dict[int, float]:
+    """A logit bias that keeps vLLM from sampling any Qwen-VL vision special token."""
+    return {token_id: NEVER for token_id in vision_special_token_ids(tokenizer)}
+
+
+class PromptMismatchError(RuntimeError):
+    """The engine's expanded prompt is not the trainer's: its samples would be drawn for another prompt."""
+
+
+class VisionPromptEngine:
+    """TRL's colocated `vllm.LLM` with one change: prompts with images reach `generate` un-expanded, with the
+    trainer's pixel limits, and the engine's expansion must equal the trainer's ids token for token.
+
+    Everything else (`llm_engine`, `sleep`, `wake_up`, `reset_prefix_cache`, ...) is the engine's own.
+    """
+
+    def __init__(self, llm: Any, image_token_id: int, mm_processor_kwargs: dict[str, Any]) -> None:
+        self.llm = llm
+        self.image_token_id = image_token_id
+        self.mm_processor_kwargs = mm_processor_kwargs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+    def engine_prompt(self, prompt: dict[str, Any]) -> dict[str, Any]:
+        """The prompt as vLLM expects it: one placeholder per image, which the engine expands with the images."""
+        if "multi_modal_data" not in prompt:
+            return prompt
+        return {
+            **prompt,
+            "prompt_token_ids": collapse_image_runs(list(prompt["prompt_token_ids"]), self.image_token_id),
+            "mm_processor_kwargs": self.mm_processor_kwargs,
+        }
+
+    def generate(self, prompts: list[dict[str, Any]], *args: Any, **kwargs: Any) -> list[Any]:
+        outputs = self.llm.generate([self.engine_prompt(prompt) for prompt in prompts], *args, **kwargs)
+        for prompt, output in zip(prompts, outputs, strict=True):
+            check_engine_prompt(list(prompt["prompt_token_ids"]), list(output.prompt_token_ids), self.image_token_id)
+        return outputs
+
+
+def check_engine_prompt(trainer_ids: list[int], engine_ids: list[int], image_token_id: int) -> None:
+    """Refuse an engine prompt that differs from the trainer's: the samples would not belong to the trained prompt."""
+    if engine_ids == trainer_ids:
+        return
+    raise PromptMismatchError(
+        f"vLLM generated from a {len(engine_ids)}-token prompt with image-token runs "
+        f"{image_runs(engine_ids, image_token_id)}; the trainer's prompt has {len(trainer_ids)} tokens with runs "
+        f"{image_runs(trainer_ids, image_token_id)}. Different runs mean the engine resized the image differently "
+        "(pixel limits: the recipe's min_pixels/max_pixels must reach vLLM) or expanded an expanded prompt; "
+        "other differences point at the chat template."
+    )
+
+
+class VisionVLLMGeneration(VLLMGeneration):
+    """TRL's `VLLMGeneration` with the vision-token bias in both modes, the prompt fix in colocate mode and a pixel
+    check in server mode. Applied to the trainer's instance after TRL built it (the engine is already running)."""
+
+    @classmethod
+    def of(cls, generation: VLLMGeneration, processor: Any) -> VisionVLLMGeneration:
+        generation.__class__ = cls
+        tokenizer = getattr(processor, "tokenizer", processor)
+        generation.generation_kwargs["logit_bias"] = {
+            **(generation.generation_kwargs.get("logit_bias") or {}),
+            **vision_logit_bias(tokenizer),
+        }
+        if generation.mode == "colocate" and not isinstance(generation.llm, VisionPromptEngine):
+            generation.llm = VisionPromptEngine(generation.llm, processor.image_token_id, pixel_kwargs(processor))
+        return generation
+
+    def _place_features(self, features: dict | None, prompt_ids: list[int]) -> dict | None:
+        """TRL's placement of server-computed image features, refused when the server's image size (its own pixel
+        limits) gives another token count than the trainer's prompt holds."""
+        placed = super()._place_features(features, prompt_ids)
+        if features is not None:
+            served = [run["length"] for run in features["mm_placeholders"]["image"]]
+            trained = [run["length"] for run in placed["mm_placeholders"]["image"]]
+            if served != trained:
+                raise PromptMismatchError(
+                    f"the vLLM server made {served} image tokens of the images, the trainer's prompt holds {trained}: "
+                    "start the server with the recipe's pixel limits, e.g. "
+                    "--mm-processor-kwargs '{\"size\": {\"shortest_edge\": MIN_PIXELS, \"longest_edge\": MAX_PIXELS}}'"
+                )
+        return placed
