@@ -321,6 +321,7 @@ def run_evaluation(
             logger.info("nothing to resume (%s does not exist): starting from the first example", partial)
         write_partial(partial, metadata, done.values())
     done = _from_main(state, done)
+    start = time.perf_counter()  # samples/s includes the bucketing's own cost (one more render per item)
     images = control_images(dataset, eval_args.image_control)
     rows = {i: dataset[i] for i, row_id in enumerate(ids) if row_id not in done}
     todo = by_prompt_length(evaluator, rows, images) if eval_args.bucket_by_length else list(rows)
@@ -328,7 +329,6 @@ def run_evaluation(
     world, rank = state.num_processes, state.process_index
     sink = partial.open("a", encoding="utf-8") if state.is_main_process else nullcontext()
     bar = tqdm(total=len(ids), initial=len(done), desc="eval", disable=not state.is_main_process)
-    start = time.perf_counter()
     with sink, bar:
         for first in range(0, len(batches), world):
             mine = batches[first + rank] if first + rank < len(batches) else []
