@@ -152,8 +152,17 @@ class Evaluator:
         return self._render(rows, images).to(self.model.device)
 
     def prompt_length(self, row: dict[str, Any], image: Image.Image) -> int:
-        """Tokens of the rendered prompt, image tokens included: what batches are bucketed by."""
-        return int(self._render([row], [image])["input_ids"].shape[1])
+        """Tokens of the rendered prompt, image tokens included: what batches are bucketed by.
+
+        Counted without processing the image: the template's text, tokenized, with its one image placeholder
+        replaced by the number of image tokens the processor computes from the image size (10x cheaper than
+        rendering; a test checks it equals the rendered length).
+        """
+        text = self.processor.apply_chat_template(
+            [fill_image(row["prompt"], image)], add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
+        )[0]
+        sizes = self.processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
+        return len(self.processor.tokenizer(text)["input_ids"]) + sizes["num_image_tokens"][0] - 1
 
     @torch.inference_mode()
     def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:

@@ -541,3 +541,16 @@ def test_two_processes_give_the_one_process_answers_in_item_order(
     assert len({r["text"] for r in one["records"]}) >= 8, "outputs barely depend on the input: a weak comparison"
     assert two["records"] == one["records"]
     assert two["summary"]["n"] == 16
+
+
+@pytest.mark.parametrize("model", ["vision-grpo/tiny-qwen2.5-vl", "vision-grpo/tiny-qwen3.5"])
+def test_the_bucketing_length_is_the_rendered_prompt_length(geoqa_fixture: Path, model: str) -> None:
+    task, train, model_args, _ = parse_recipe(
+        RECIPE_CLASSES, ["--config", GEOQA_RECIPE, "--dataset_name", str(geoqa_fixture), "--model_name_or_path", model]
+    )
+    processor = get_processor(model_args, task)
+    rows = list(get_dataset(task, "eval", max_pixels_of(processor)).select(range(6)))
+    evaluator = Evaluator(load_model(model_args), processor, "geoqa", [], train.chat_template_kwargs or {})
+    lengths = [evaluator.prompt_length(row, row["image"]) for row in rows]
+    assert lengths == [evaluator.encode([row], [row["image"]])["input_ids"].shape[1] for row in rows]
+    assert len(set(lengths)) > 1, "all prompts of one length: the comparison would be weak"
