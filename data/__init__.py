@@ -1,126 +1,32 @@
 """Datasets of the recipes: `get_dataset(task_args, split, max_pixels)` returns rows ready for TRL and the evaluator.
 
-Every row has `id`, a conversational `prompt` with one image slot, a normalised `image` (see `collator.py`), and
-the columns the task's rewards read (`answer`, `shape`, `ground_truth` for shapes; `label` for GeoQA). Rows are
-built once per dataset with `Dataset.map`, so no image is re-normalised at every training step.
+The rows come from the recipe's task (a module of this folder or of a recipe's `task_dirs`, see vision_grpo/tasks.py):
+`task_shapes.py`, `task_geoqa.py`, `task_vqa.py` (any VQA dataset, configured in the recipe). Every row has `id`, a
+conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see `collator.py`, the
+multimodal collator), and the columns the task's rewards read. Rows are built once per dataset with `Dataset.map`,
+so no image is re-normalised at every training step.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from dataclasses import asdict
 from typing import Any
 
 import datasets
 
-from vision_grpo.data import geoqa, shapes
-from vision_grpo.data.collator import make_example
+from vision_grpo.tasks import task_of
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
-WRITER_BATCH = 100  # rows held in memory while writing: decoded 256px images are ~200 kB each
-
-_PROMPT = [
-    {
-        "role": datasets.Value("string"),
-        "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}],
-    }
-]
-_COUNTS = {name: datasets.Value("int64") for name in shapes.SHAPES}
-SHAPES_FEATURES = datasets.Features(
-    {
-        "id": datasets.Value("string"),
-        "prompt": _PROMPT,
-        "image": datasets.Image(),
-        "shape": datasets.Value("string"),
-        "answer": datasets.Value("int64"),
-        "ground_truth": _COUNTS,
-    }
-)
-GEOQA_FEATURES = datasets.Features(
-    {"id": datasets.Value("string"), "prompt": _PROMPT, "image": datasets.Image(), "label": datasets.Value("int64")}
-)
-
-
-def _shape_row(index: int, spec: dict[str, Any], seed: int, max_pixels: int) -> dict[str, Any]:
-    example = shapes.make_example(shapes.ShapeTaskSpec(**spec), seed, index)
-    return make_example(
-        f"{seed}-{index}",
-        shapes.question_for(example.shape),
-        example.image,
-        "before_text",
-        max_pixels,
-        shape=example.shape,
-        answer=example.answer,
-        ground_truth=example.ground_truth,
-    )
-
-
-def shapes_dataset(spec: shapes.ShapeTaskSpec, size: int, seed: int, max_pixels: int) -> datasets.Dataset:
-    """`size` shape-counting rows drawn from `seed`; row i depends only on (seed, i)."""
-    indices = datasets.Dataset.from_dict({"index": list(range(size))})
-    return indices.map(
-        _shape_row,
-        input_columns="index",
-        fn_kwargs={"spec": asdict(spec), "seed": seed, "max_pixels": max_pixels},
-        remove_columns=["index"],
-        features=SHAPES_FEATURES,
-        writer_batch_size=WRITER_BATCH,
-        desc=f"drawing {size} shape images",
-    )
-
-
-def _geoqa_row(row: dict[str, Any], language: str, max_pixels: int) -> dict[str, Any]:
-    image = geoqa.check_row(row)
-    text = geoqa.format_question(row["subject"], row["choices"], language)
-    return make_example(str(row["id"]), text, image, "after_text", max_pixels, label=row["label"])
-
-
-def geoqa_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """GeoQA rows: the `train` rows for training, the fixed 100-question test subset for evaluation."""
-    rows = geoqa.load_split(
-        task_args.dataset_name, task_args.dataset_revision, split, task_args.geoqa_test_rows or None
-    )
-    rows = rows.cast_column("image", datasets.Image(decode=False))
-    if task_args.skip_bad_rows:
-        rows, skipped = geoqa.drop_bad_rows(rows)
-        if skipped:
-            logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, skipped, len(rows) + skipped)
-    return rows.map(
-        _geoqa_row,
-        fn_kwargs={"language": task_args.prompt_language, "max_pixels": max_pixels},
-        remove_columns=rows.column_names,
-        features=GEOQA_FEATURES,
-        writer_batch_size=WRITER_BATCH,
-        desc=f"preparing GeoQA {split}",
-    )
-
-
-def shape_spec(task_args: Any) -> shapes.ShapeTaskSpec:
-    """The recipe's `shapes_*` keys as a generator spec."""
-    return shapes.ShapeTaskSpec(
-        layout=task_args.shapes_layout,
-        canvas=task_args.shapes_canvas,
-        min_count=task_args.shapes_min_count,
-        max_count=task_args.shapes_max_count,
-        fixed_size=task_args.shapes_fixed_size,
-    )
 
 
 def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """The rows of `split` (`train` or `eval`) for the recipe's task; fails if nothing is left."""
+    """The rows of `split` (`train` or `eval`) of the recipe's task; fails if nothing is left."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if task_args.task == "shapes":
-        size = task_args.shapes_train_size if split == "train" else task_args.shapes_eval_size
-        seed = task_args.shapes_train_seed if split == "train" else task_args.shapes_eval_seed
-        dataset = shapes_dataset(shape_spec(task_args), size, seed, max_pixels)
-    elif task_args.task == "geoqa":
-        dataset = geoqa_dataset(task_args, split, max_pixels)
-    else:
-        raise ValueError(f"unknown task {task_args.task!r}; choose `shapes` or `geoqa`")
+    dataset = task_of(task_args).load(task_args, split, max_pixels)
     if len(dataset) == 0:
         raise ValueError(f"the {task_args.task} {split} dataset is empty after filtering")
     return dataset

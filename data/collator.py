@@ -11,10 +11,21 @@ import math
 import re
 from typing import Any, Literal
 
+import datasets
 import numpy as np
 from PIL import Image, ImageOps
 
 ImagePosition = Literal["before_text", "after_text"]
+IMAGE_SLOT = "<image>"  # where an image goes inside a task's prompt text
+
+# The `prompt` column's features: conversational messages whose content parts are text or an image slot.
+PROMPT_FEATURE = [
+    {
+        "role": datasets.Value("string"),
+        "content": [{"type": datasets.Value("string"), "text": datasets.Value("string")}],
+    }
+]
+WRITER_BATCH = 100  # rows a task's `Dataset.map` holds in memory while writing: decoded 256px images are ~200 kB each
 
 # Anything larger than this is refused before decoding, so a hostile or broken file cannot exhaust memory.
 MAX_DECODE_PIXELS = 64_000_000
@@ -60,15 +71,29 @@ def check_decode_size(image: Image.Image) -> None:
         )
 
 
-def build_messages(text: str, image_position: ImagePosition) -> list[dict[str, Any]]:
-    """One user message holding the question text and one image slot, in the task's order; no system prompt.
+def build_messages(text: str, image_position: ImagePosition, images: int = 1) -> list[dict[str, Any]]:
+    """One user message holding the question text and its image slots; no system prompt.
 
-    The image part is a placeholder: TRL's GRPOTrainer and SFTTrainer (and our evaluator) fill it from the
-    example's `image` column, so the image is stored once, not inside the prompt.
+    Each `<image>` in `text` is where one image goes, in order; without any, the images go before or after the text
+    (the task's `image_position`). The image parts are placeholders: TRL's GRPOTrainer and SFTTrainer (and our
+    evaluator) fill them from the example's `image` (or `images`) column, so an image is stored once, not inside the
+    prompt.
     """
-    text_part = {"type": "text", "text": text}
     image_part = {"type": "image"}
-    content = [image_part, text_part] if image_position == "before_text" else [text_part, image_part]
+    if IMAGE_SLOT in text:
+        pieces = text.split(IMAGE_SLOT)
+        if len(pieces) - 1 != images:
+            raise ValueError(f"the text has {len(pieces) - 1} {IMAGE_SLOT} slots for {images} image(s)")
+        content: list[dict[str, Any]] = []
+        for index, piece in enumerate(pieces):
+            if index:
+                content.append(dict(image_part))
+            if piece:
+                content.append({"type": "text", "text": piece})
+        return [{"role": "user", "content": content}]
+    text_part = {"type": "text", "text": text}
+    slots = [dict(image_part) for _ in range(images)]
+    content = [*slots, text_part] if image_position == "before_text" else [text_part, *slots]
     return [{"role": "user", "content": content}]
 
 
@@ -116,23 +141,28 @@ def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
 def make_example(
     example_id: str,
     text: str,
-    image: Image.Image,
+    image: Image.Image | list[Image.Image],
     image_position: ImagePosition,
     max_pixels: int,
     **reward_columns: Any,
 ) -> dict[str, Any]:
-    """A row for TRL's trainers and for our evaluator: `id`, conversational `prompt`, normalised `image`, and the
-    columns the reward functions read (TRL passes every extra column to them as a keyword list).
+    """A row for TRL's trainers and for our evaluator: `id`, conversational `prompt`, the normalised `image` (a list
+    of images: `images`, one slot each), and the columns the reward functions read (TRL passes every extra column to
+    them as a keyword list).
 
     A row the model would choke on later (an image the processor refuses, a special token typed into the text) fails
     here, naming its id, rather than at the training step or evaluation batch that meets it on every resume.
     """
-    image = normalize_image(image, max_pixels)
+    several = isinstance(image, list)
+    images = [normalize_image(each, max_pixels) for each in (image if several else [image])]
     try:
-        check_aspect_ratio(image)
-        token = special_token_in(text)
+        for each in images:
+            check_aspect_ratio(each)
+        token = special_token_in(text.replace(IMAGE_SLOT, ""))
         if token:
             raise RowRefused(f"its text holds the special token {token}, which the tokenizer would read as control")
-    except RowRefused as error:
+        prompt = build_messages(text, image_position, len(images))
+    except ValueError as error:
         raise RowRefused(f"example {example_id}: {error}") from None
-    return {"id": example_id, "prompt": build_messages(text, image_position), "image": image, **reward_columns}
+    pixels = {"images": images} if several else {"image": images[0]}
+    return {"id": example_id, "prompt": prompt, **pixels, **reward_columns}

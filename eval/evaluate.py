@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,19 @@ from transformers import GenerationConfig
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
-from vision_grpo.data import get_dataset, shape_spec
+from vision_grpo.data import get_dataset
 from vision_grpo.eval.adapters import adapter_base_model, check_adapter_dir, load_verified_adapter
-from vision_grpo.eval.scoring import SCORERS, summarize
+from vision_grpo.eval.scoring import summarize
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of, vision_special_token_ids
 from vision_grpo.rewards import get_recipe_rewards
-from vision_grpo.runs import package_versions, write_text_atomic
+from vision_grpo.runs import dataset_identity, package_versions, write_text_atomic
+from vision_grpo.tasks import get_task, task_of
 from vision_grpo.threads import configure_threads
 from vision_grpo.training import fill_image
 
 logger = logging.getLogger("vision_grpo.evaluate")
 IMAGE_CONTROLS = ("none", "blank", "shuffled")
+BACKENDS = ("hf", "vllm")
 TIMING_KEYS = ("samples_per_s", "total_seconds")
 SEED = 42
 # Settings an interrupted run may be resumed with changed: they do not change any record.
@@ -76,6 +78,10 @@ class EvalArguments:
         default=None,
         metadata={"help": "`auto`: spread a model too large for one GPU over all (one process). Default: one device."},
     )
+    backend: str = field(
+        default="hf",
+        metadata={"help": "`hf` (transformers generate) or `vllm` (needs vLLM): the same prompts, records, summary."},
+    )
 
     def __post_init__(self) -> None:
         if self.image_control not in IMAGE_CONTROLS:
@@ -86,12 +92,15 @@ class EvalArguments:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.device_map not in (None, "auto"):
             raise ValueError(f"device_map must be `auto` or unset, got {self.device_map!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
 
 def default_max_new_tokens(task_args: TaskArguments, train_args: Any) -> int:
-    """The one rule for evaluation and the held-out curves, for every task: the recipe's `max_completion_length`,
-    the length training samples (the GeoQA recipes set the seed's 1,024)."""
-    return train_args.max_completion_length
+    """The one rule for evaluation and the held-out curves, for every task: the task's own evaluation length if it
+    declares one, else the recipe's `max_completion_length`, the length training samples (the GeoQA recipes set the
+    seed's 1,024)."""
+    return task_of(task_args).eval_max_new_tokens or train_args.max_completion_length
 
 
 class Evaluator:
@@ -100,7 +109,7 @@ class Evaluator:
     def __init__(self, model: Any, processor: Any, task: str, reward_funcs: list, chat_template_kwargs: dict) -> None:
         self.model = model.eval()
         self.processor = processor
-        self.score = SCORERS[task]
+        self.score = get_task(task).score
         self.reward_funcs = reward_funcs
         self.chat_template_kwargs = chat_template_kwargs
         tokenizer = processor.tokenizer
@@ -171,19 +180,18 @@ class Evaluator:
         config = self.generation_config(max_new_tokens)
         with only_generation_config(self.model, config):
             output = self.model.generate(**inputs, generation_config=config)
-        results = []
-        for ids in output[:, inputs["input_ids"].shape[1] :].tolist():
-            end = next((i for i, token in enumerate(ids) if token in self.eos_ids), None)
-            kept = ids if end is None else ids[: end + 1]
-            results.append(
-                {
-                    "ids": kept,
-                    "text": self.processor.tokenizer.decode(kept, skip_special_tokens=True),
-                    "completion_tokens": len(kept),
-                    "hit_limit": end is None,
-                }
-            )
-        return results
+        return [self.completion(ids) for ids in output[:, inputs["input_ids"].shape[1] :].tolist()]
+
+    def completion(self, ids: list[int]) -> dict[str, Any]:
+        """Generated `ids` cut after the first EOS or padding: ids, text, token count, whether cut off."""
+        end = next((i for i, token in enumerate(ids) if token in self.eos_ids), None)
+        kept = ids if end is None else ids[: end + 1]
+        return {
+            "ids": kept,
+            "text": self.processor.tokenizer.decode(kept, skip_special_tokens=True),
+            "completion_tokens": len(kept),
+            "hit_limit": end is None,
+        }
 
     def record(self, row: dict[str, Any], generated: dict[str, Any]) -> dict[str, Any]:
         """One result record: id, gold, prediction, correct, tokens, cut off, text, reward parts.
@@ -375,6 +383,8 @@ def place_model(eval_args: EvalArguments) -> Any:
     """Where `from_pretrained` puts the model: this process's accelerator (GPU or MPS) when there is one, else the
     CPU; `--device_map auto` spreads one model over every GPU (one process)."""
     state = PartialState()
+    if eval_args.backend == "vllm":
+        return None  # the engine holds the weights that generate; the HF model stays on the CPU
     if eval_args.device_map == "auto":
         if state.num_processes > 1:
             raise ValueError("device_map auto spreads one model over all GPUs: run one process, not accelerate launch")
@@ -389,24 +399,13 @@ def build_evaluator(task_args: TaskArguments, train_args: Any, model_args: Model
     if eval_args.adapter:
         model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
     rewards = get_recipe_rewards(task_args, processor.tokenizer)
-    evaluator = Evaluator(model, processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
-    return evaluator, processor
+    common = (model, processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
+    if eval_args.backend == "vllm":
+        from vision_grpo.eval.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
 
-
-def describe_dataset(task_args: TaskArguments) -> dict[str, Any]:
-    """What identifies the evaluated examples: the generator and seed, or the GeoQA source and revision."""
-    if task_args.task == "shapes":
-        return {
-            "generator": asdict(shape_spec(task_args)),
-            "seed": task_args.shapes_eval_seed,
-            "size": task_args.shapes_eval_size,
-        }
-    return {
-        "name": task_args.dataset_name,
-        "revision": task_args.dataset_revision,
-        "test_rows": task_args.geoqa_test_rows,
-        "prompt_language": task_args.prompt_language,
-    }
+        vllm_args = {"adapter": eval_args.adapter, "trust_remote_code": train_args.trust_remote_code}
+        return VLLMEvaluator(*common, model_args=model_args, **vllm_args), processor
+    return Evaluator(*common), processor
 
 
 def reproducible_argv(argv: list[str]) -> list[str]:
@@ -450,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "adapter": eval_args.adapter,
         "adapter_base": adapter_base_model(eval_args.adapter) if eval_args.adapter else None,
         "merged": eval_args.merge_adapter and eval_args.adapter is not None,
-        "dataset": describe_dataset(task_args),
+        "dataset": dataset_identity(task_args),
         "dataset_revision": task_args.dataset_revision,
         "max_pixels": max_pixels_of(processor),
         "chat_template_kwargs": train_args.chat_template_kwargs or {},
@@ -459,6 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch_size": eval_args.batch_size,
         "num_processes": state.num_processes,
         "decoding": "greedy",
+        "backend": eval_args.backend,
         "generation_config": evaluator.decoding(max_new_tokens),
         "dtype": str(evaluator.model.dtype).removeprefix("torch."),
         "device": evaluator.model.device.type,

@@ -1,41 +1,12 @@
-"""Per-example scoring and the summary of an evaluation, as pure functions of the records.
-
-The summary is computed only from the per-example records, so anyone can recompute every number in a result
-file from its `records` (a test does).
+"""The summary of an evaluation, a pure function of its per-example records (each task scores its examples: the
+`score` of its module in data/), so anyone can recompute every number in a result file from its `records` (a
+test does).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
-
-from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
-from vision_grpo.rewards.counting import boxed_integer, final_answer
-
-
-def _shapes_score(row: dict[str, Any], text: str) -> dict[str, Any]:
-    """Strict: the last `\\boxed{N}`. Lenient: the final answer however written (last box, else last integer)."""
-    strict = boxed_integer(text)
-    lenient = final_answer(text)
-    gold = int(row["answer"])
-    return {
-        "gold": str(gold),
-        "prediction": None if strict is None else str(strict.value),
-        "correct": strict is not None and strict.value == gold,
-        "lenient_prediction": None if lenient is None else str(lenient.value),
-        "lenient_correct": lenient is not None and lenient.value == gold,
-        "shape": row["shape"],
-    }
-
-
-def _geoqa_score(row: dict[str, Any], text: str) -> dict[str, Any]:
-    prediction = parse_boxed_option(text)
-    gold = OPTION_LETTERS[int(row["label"])]
-    return {"gold": gold, "prediction": prediction, "correct": prediction == gold}
-
-
-SCORERS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {"shapes": _shapes_score, "geoqa": _geoqa_score}
 
 
 def _mean(values: list[float]) -> float | None:

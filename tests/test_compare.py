@@ -13,6 +13,7 @@ from conftest import run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vision_grpo.data import task_shapes
 from vision_grpo.eval.compare import (
     ItemMismatch,
     ResultError,
@@ -25,7 +26,7 @@ from vision_grpo.eval.compare import (
     mcnemar_exact,
     plot_comparison,
 )
-from vision_grpo.eval.scoring import SCORERS, summarize
+from vision_grpo.eval.scoring import summarize
 
 GOLD = [1, 2, 3, 4, 5, 1, 2, 3]
 SHAPES = ["circles", "squares", "triangles", "circles", "squares", "triangles", "circles", "squares"]
@@ -39,7 +40,7 @@ def make_result(answers: list[int | None], image_control: str = "none", gold: li
         records.append(
             {
                 "id": f"2-{i}",
-                **SCORERS["shapes"]({"answer": count, "shape": shape}, text),
+                **task_shapes.score({"answer": count, "shape": shape}, text),
                 "completion_tokens": 24 if answer is None else 8,
                 "hit_limit": answer is None,
                 "text": text,

@@ -10,6 +10,8 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import functools
+import itertools
 import sys
 import types
 import typing
@@ -20,8 +22,8 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from vision_grpo.data.collator import MAX_DECODE_PIXELS
 from vision_grpo.recipe_help import exit_with_help
+from vision_grpo.tasks import TaskPluginError, discover, task_of
 
 
 class RecipeError(ValueError):
@@ -29,25 +31,17 @@ class RecipeError(ValueError):
 
 
 @dataclass
-class TaskArguments:
-    """Task, data, rewards and vision handling; everything of a recipe that TRL's own configs do not cover."""
+class BaseTaskArguments:
+    """Everything of a recipe that TRL's own configs do not cover and every task shares: which task, data source,
+    images, rewards, vision tower, the supervised warm start, held-out curves. Each task adds its own keys (its
+    `Options`, see vision_grpo/tasks.py); `TaskArguments` is this class with the keys of the tasks in `data/`."""
 
-    task: str = field(default="shapes", metadata={"help": "`shapes` (counting) or `geoqa`."})
-    # Shape counting (the shape-counting seed's generator).
-    shapes_layout: str = field(default="mixed", metadata={"help": "`mixed` (seed: all three shapes) or `single`."})
-    shapes_canvas: int = field(default=256, metadata={"help": "Canvas side in pixels."})
-    shapes_min_count: int = field(default=1, metadata={"help": "Fewest of a shape drawn."})
-    shapes_max_count: int = field(default=5, metadata={"help": "Most of a shape drawn."})
-    shapes_fixed_size: bool = field(default=False, metadata={"help": "One size per shape instead of random sizes."})
-    shapes_train_size: int = field(default=500, metadata={"help": "Training images."})
-    shapes_eval_size: int = field(default=100, metadata={"help": "Held-out images."})
-    shapes_train_seed: int = field(default=1, metadata={"help": "Seed of the training images."})
-    shapes_eval_seed: int = field(default=2, metadata={"help": "Seed of the held-out images (differs from train)."})
-    # GeoQA.
+    task: str = field(default="shapes", metadata={"help": "A task's NAME: `shapes`, `geoqa`, `vqa` or a plugin's."})
+    task_dirs: list[str] = field(
+        default_factory=list, metadata={"help": "Extra folders of task plugins (their code is run)."}
+    )
     dataset_name: str = field(default="hz2475/geoQA", metadata={"help": "Hub id or local parquet/save_to_disk path."})
     dataset_revision: str | None = field(default=None, metadata={"help": "Hub revision (commit) to pin."})
-    geoqa_test_rows: int = field(default=759, metadata={"help": "Expected test rows; 0 accepts any revision."})
-    prompt_language: str = field(default="zh", metadata={"help": "GeoQA prompt template: `zh` (seed) or `en`."})
     skip_bad_rows: bool = field(default=False, metadata={"help": "Skip and count invalid rows instead of failing."})
     # Images.
     min_pixels: int | None = field(default=None, metadata={"help": "Processor's lower pixel limit per image."})
@@ -88,19 +82,8 @@ class TaskArguments:
     holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
 
     def __post_init__(self) -> None:
-        choices = {
-            "task": ("shapes", "geoqa"),
-            "shapes_layout": ("mixed", "single"),
-            "prompt_language": ("zh", "en"),
-            "vision_tower": ("train", "freeze", "scaled_lr"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise RecipeError(f"{name}: {getattr(self, name)!r} is not one of {list(allowed)}")
-        if self.shapes_canvas**2 > MAX_DECODE_PIXELS:  # drawn in memory before any other limit applies
-            raise RecipeError(f"shapes_canvas: {self.shapes_canvas}px squared exceeds {MAX_DECODE_PIXELS:,} pixels")
-        if not 1 <= self.shapes_min_count <= self.shapes_max_count:
-            raise RecipeError("shapes_min_count must be >= 1 and <= shapes_max_count")
+        if self.vision_tower not in ("train", "freeze", "scaled_lr"):
+            raise RecipeError(f"vision_tower: {self.vision_tower!r} is not one of ['train', 'freeze', 'scaled_lr']")
         if len(self.sft_targets) != len(self.sft_target_weights):
             raise RecipeError("sft_targets and sft_target_weights must have the same length")
         if (self.sft_mislabel_count is None) != (self.sft_mislabel_as is None):
@@ -113,6 +96,36 @@ class TaskArguments:
             raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
+        try:
+            task = task_of(self)
+            if task.check is not None:
+                task.check(self)
+        except (TaskPluginError, ValueError) as error:
+            raise RecipeError(str(error)) from None
+
+
+@functools.cache
+def arguments_class(task_dirs: tuple[str, ...] = ()) -> type:
+    """`BaseTaskArguments` with the recipe keys of every task in `data/` and in `task_dirs`, flat, as one dataclass.
+
+    A key two tasks declare, or one that shadows a shared key, is refused naming both, so no task silently changes
+    another's meaning.
+    """
+    owners = {f.name: "the shared task arguments" for f in dataclasses.fields(BaseTaskArguments)}
+    bases = []
+    for task in discover(task_dirs).values():
+        if task.options is None:
+            continue
+        for f in dataclasses.fields(task.options):
+            if f.name in owners:
+                where = f"task `{task.name}` ({task.source})"
+                raise RecipeError(f"recipe key `{f.name}` of {where} is also in {owners[f.name]}")
+            owners[f.name] = f"task `{task.name}` ({task.source})"
+        bases.append(task.options)
+    return dataclasses.make_dataclass("TaskArguments", [], bases=(BaseTaskArguments, *bases))
+
+
+TaskArguments = arguments_class()
 
 
 def _field_types(config_classes: tuple[type, ...]) -> dict[str, Any]:
@@ -228,6 +241,7 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     our keys, grouped, and exits 0 (`--help_all`: TRL's full list).
     """
     argv = sys.argv[1:] if argv is None else argv
+    config_classes = _with_plugin_task_keys(config_classes, argv)
     parser = _RecipeParser(config_classes)
     exit_with_help(argv, config_classes, parser)
     check_cli_flags(argv, parser)
@@ -240,6 +254,30 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
         raise RecipeError(f"{where}: {error}") from None
     _check_reward_weights(parsed, where)
     return parsed
+
+
+def _with_plugin_task_keys(config_classes: tuple[type, ...], argv: list[str]) -> tuple[type, ...]:
+    """`config_classes` with `TaskArguments` extended by the keys of the task plugins in the recipe's `task_dirs`
+    (the command line's `--task_dirs` wins over the YAML's), so a plugin's keys are checked like every other key."""
+    if TaskArguments not in config_classes:
+        return config_classes
+    dirs: list[str] = []
+    if "--task_dirs" in argv:
+        following = argv[argv.index("--task_dirs") + 1 :]
+        dirs = list(itertools.takewhile(lambda arg: not arg.startswith("--"), following))
+    elif "--config" in argv and Path(recipe_path_of(argv)).is_file():
+        try:
+            recipe = yaml.load(Path(recipe_path_of(argv)).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        except yaml.YAMLError:
+            return config_classes  # check_recipe_keys reports it, naming the file
+        dirs = list(recipe.get("task_dirs") or []) if isinstance(recipe, dict) else []
+    if not dirs:
+        return config_classes
+    try:
+        extended = arguments_class(tuple(str(Path(d).resolve()) for d in dirs))
+    except TaskPluginError as error:
+        raise RecipeError(str(error)) from None
+    return tuple(extended if cls is TaskArguments else cls for cls in config_classes)
 
 
 def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:

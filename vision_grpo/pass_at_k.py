@@ -31,10 +31,10 @@ from vision_grpo.eval.evaluate import (
     Evaluator,
     build_evaluator,
     default_max_new_tokens,
-    describe_dataset,
     write_json_atomic,
 )
 from vision_grpo.modeling import max_pixels_of
+from vision_grpo.runs import dataset_identity
 
 
 @dataclass
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "argv": argv,
         "model": model_args.model_name_or_path,
         "adapter": eval_args.adapter,
-        "dataset": describe_dataset(task_args),
+        "dataset": dataset_identity(task_args),
         "decoding": {key: getattr(config, key) for key in ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")},
         "k": sampling_args.k,
         "batch_size": eval_args.batch_size,  # the samples depend on it: one random stream per batch

@@ -1,0 +1,120 @@
+"""The shape-counting task (the shape-counting seed's): generated images, "How many <shape> are in the image?", the
+answer an integer. Rows are drawn by `data/shapes.py`; row i of a split depends only on (seed, i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import datasets
+
+from vision_grpo.data import shapes
+from vision_grpo.data.collator import MAX_DECODE_PIXELS, PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.rewards.counting import boxed_integer, final_answer
+
+NAME = "shapes"
+DEFAULT_REWARDS = ["count_correct", "count_description", "count_reasoning", "count_format"]
+
+
+@dataclass
+class Options:
+    """Recipe keys of the shape-counting task."""
+
+    shapes_layout: str = field(default="mixed", metadata={"help": "`mixed` (seed: all three shapes) or `single`."})
+    shapes_canvas: int = field(default=256, metadata={"help": "Canvas side in pixels."})
+    shapes_min_count: int = field(default=1, metadata={"help": "Fewest of a shape drawn."})
+    shapes_max_count: int = field(default=5, metadata={"help": "Most of a shape drawn."})
+    shapes_fixed_size: bool = field(default=False, metadata={"help": "One size per shape instead of random sizes."})
+    shapes_train_size: int = field(default=500, metadata={"help": "Training images."})
+    shapes_eval_size: int = field(default=100, metadata={"help": "Held-out images."})
+    shapes_train_seed: int = field(default=1, metadata={"help": "Seed of the training images."})
+    shapes_eval_seed: int = field(default=2, metadata={"help": "Seed of the held-out images (differs from train)."})
+
+
+FEATURES = datasets.Features(
+    {
+        "id": datasets.Value("string"),
+        "prompt": PROMPT_FEATURE,
+        "image": datasets.Image(),
+        "shape": datasets.Value("string"),
+        "answer": datasets.Value("int64"),
+        "ground_truth": {name: datasets.Value("int64") for name in shapes.SHAPES},
+    }
+)
+
+
+def check(task_args: Any) -> None:
+    if task_args.shapes_layout not in ("mixed", "single"):
+        raise ValueError(f"shapes_layout: {task_args.shapes_layout!r} is not one of ['mixed', 'single']")
+    if task_args.shapes_canvas**2 > MAX_DECODE_PIXELS:  # drawn in memory before any other limit applies
+        raise ValueError(f"shapes_canvas: {task_args.shapes_canvas}px squared exceeds {MAX_DECODE_PIXELS:,} pixels")
+    if not 1 <= task_args.shapes_min_count <= task_args.shapes_max_count:
+        raise ValueError("shapes_min_count must be >= 1 and <= shapes_max_count")
+
+
+def spec(task_args: Any) -> shapes.ShapeTaskSpec:
+    """The recipe's `shapes_*` keys as a generator spec."""
+    return shapes.ShapeTaskSpec(
+        layout=task_args.shapes_layout,
+        canvas=task_args.shapes_canvas,
+        min_count=task_args.shapes_min_count,
+        max_count=task_args.shapes_max_count,
+        fixed_size=task_args.shapes_fixed_size,
+    )
+
+
+def _row(index: int, spec: dict[str, Any], seed: int, max_pixels: int) -> dict[str, Any]:
+    example = shapes.make_example(shapes.ShapeTaskSpec(**spec), seed, index)
+    return make_example(
+        f"{seed}-{index}",
+        shapes.question_for(example.shape),
+        example.image,
+        "before_text",
+        max_pixels,
+        shape=example.shape,
+        answer=example.answer,
+        ground_truth=example.ground_truth,
+    )
+
+
+def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
+    """`shapes_train_size` or `shapes_eval_size` rows drawn from the split's own seed."""
+    size = task_args.shapes_train_size if split == "train" else task_args.shapes_eval_size
+    seed = task_args.shapes_train_seed if split == "train" else task_args.shapes_eval_seed
+    indices = datasets.Dataset.from_dict({"index": list(range(size))})
+    return indices.map(
+        _row,
+        input_columns="index",
+        fn_kwargs={"spec": asdict(spec(task_args)), "seed": seed, "max_pixels": max_pixels},
+        remove_columns=["index"],
+        features=FEATURES,
+        writer_batch_size=WRITER_BATCH,
+        desc=f"drawing {size} shape images",
+    )
+
+
+def score(row: dict[str, Any], text: str) -> dict[str, Any]:
+    """Strict: the last `\\boxed{N}`. Lenient: the final answer however written (last box, else last integer)."""
+    strict = boxed_integer(text)
+    lenient = final_answer(text)
+    gold = int(row["answer"])
+    return {
+        "gold": str(gold),
+        "prediction": None if strict is None else str(strict.value),
+        "correct": strict is not None and strict.value == gold,
+        "lenient_prediction": None if lenient is None else str(lenient.value),
+        "lenient_correct": lenient is not None and lenient.value == gold,
+        "shape": row["shape"],
+    }
+
+
+def identity(task_args: Any) -> dict[str, Any]:
+    """The generator's settings and seeds (its code is the manifest's git commit)."""
+    return {
+        "name": "shapes (generated by data/shapes.py)",
+        "revision": None,
+        "generator": asdict(spec(task_args)),
+        "train": {"seed": task_args.shapes_train_seed, "size": task_args.shapes_train_size},
+        "eval": {"seed": task_args.shapes_eval_seed, "size": task_args.shapes_eval_size},
+    }

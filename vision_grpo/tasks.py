@@ -1,0 +1,136 @@
+"""Task plugins, symmetric with reward plugins: a task is one module in `data/` (or in a folder a recipe lists in
+`task_dirs`) that declares, at module level:
+
+    NAME = "my_task"                      # what `task:` in a recipe says
+    DEFAULT_REWARDS = ["my_reward", ...]  # what the task's recipes start from (documentation and `--help`)
+    def load(task_args, split, max_pixels) -> datasets.Dataset   # split "train" or "eval": rows with `id`,
+        # a conversational `prompt`, `image` (or `images`), and the columns its rewards read
+    def score(row, text) -> dict          # evaluation: at least `gold`, `prediction` (None: unparsed), `correct`
+    def identity(task_args) -> dict       # what identifies its data in manifests and result files
+    # optional:
+    @dataclass
+    class Options: ...                    # its recipe keys (flat in the YAML, checked like every other key)
+    def check(task_args) -> None          # validate its keys before anything loads (raise ValueError)
+    EVAL_MAX_NEW_TOKENS = 1024            # evaluation length when not the recipe's `max_completion_length`
+
+Training, SFT, evaluation, the held-out curves and the manifests read all of it from the task, so a new dataset
+needs no edit anywhere else. A module that defines `NAME` but misses a required piece fails at load, naming its file.
+Task plugins are code: they run with your permissions; only `data/` and the folders you name are imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
+BUILTIN_PACKAGE = "vision_grpo.data"
+REQUIRED = ("NAME", "DEFAULT_REWARDS", "load", "score", "identity")
+
+
+class TaskPluginError(RuntimeError):
+    """A task module that cannot be loaded, misses a required piece, or is asked for by a name nobody declares."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One registered task: what its module declares, and the file it came from."""
+
+    name: str
+    default_rewards: tuple[str, ...]
+    load: Callable[[Any, str, int], Any]
+    score: Callable[[dict[str, Any], str], dict[str, Any]]
+    identity: Callable[[Any], dict[str, Any]]
+    check: Callable[[Any], None] | None
+    options: type | None
+    eval_max_new_tokens: int | None
+    source: str
+
+
+_REGISTRY: dict[str, Task] = {}
+_LOADED: set[Path] = set()
+
+
+def _as_task(module: ModuleType, path: Path) -> Task:
+    missing = [piece for piece in REQUIRED if not hasattr(module, piece)]
+    if missing:
+        raise TaskPluginError(f"task module {path} defines NAME but not {missing}; a task declares all of {REQUIRED}")
+    options = getattr(module, "Options", None)
+    if options is not None and not dataclasses.is_dataclass(options):
+        raise TaskPluginError(f"task module {path}: `Options` must be a dataclass of recipe keys")
+    return Task(
+        name=module.NAME,
+        default_rewards=tuple(module.DEFAULT_REWARDS),
+        load=module.load,
+        score=module.score,
+        identity=module.identity,
+        check=getattr(module, "check", None),
+        options=options,
+        eval_max_new_tokens=getattr(module, "EVAL_MAX_NEW_TOKENS", None),
+        source=str(path),
+    )
+
+
+def _import(path: Path) -> ModuleType:
+    if path.parent == BUILTIN_DIR:
+        return importlib.import_module(f"{BUILTIN_PACKAGE}.{path.stem}")
+    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
+    module_name = f"vision_grpo_task_plugins_{digest}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _register(path: Path) -> None:
+    path = path.resolve()
+    if path in _LOADED:
+        return
+    try:
+        module = _import(path)
+    except TaskPluginError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as error:  # plugin code may fail, or try to exit, any way
+        raise TaskPluginError(f"task module {path} failed to import: {type(error).__name__}: {error}") from error
+    _LOADED.add(path)
+    if not hasattr(module, "NAME"):
+        return  # a helper module (a generator, the multimodal collator), not a task
+    task = _as_task(module, path)
+    existing = _REGISTRY.get(task.name)
+    if existing and existing.source != task.source:
+        raise TaskPluginError(f"two task modules are named `{task.name}`: {existing.source} and {task.source}")
+    _REGISTRY[task.name] = task
+
+
+def discover(task_dirs: Sequence[str | Path] = ()) -> dict[str, Task]:
+    """Import every module of `data/` and of `task_dirs`; return the tasks they declare, by name."""
+    importlib.invalidate_caches()  # a task file dropped in after start-up must still be found
+    for directory in (BUILTIN_DIR, *map(Path, task_dirs)):
+        if not directory.is_dir():
+            raise TaskPluginError(f"task folder {directory} does not exist")
+        for path in sorted(directory.glob("*.py")):
+            if not path.name.startswith("_"):
+                _register(path)
+    return dict(_REGISTRY)
+
+
+def get_task(name: str, task_dirs: Sequence[str | Path] = ()) -> Task:
+    """The task a recipe's `task:` names, looked up in `data/` and its `task_dirs`."""
+    tasks = discover(task_dirs)
+    if name not in tasks:
+        raise TaskPluginError(f"unknown task `{name}`; available: {sorted(tasks)} (from data/ and task_dirs)")
+    return tasks[name]
+
+
+def task_of(task_args: Any) -> Task:
+    """The task of a parsed recipe."""
+    return get_task(task_args.task, task_args.task_dirs)
