@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import gather_object
 from PIL import Image
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
@@ -44,7 +44,7 @@ from vision_grpo.rewards import get_recipe_rewards
 from vision_grpo.runs import dataset_identity, package_versions, write_text_atomic
 from vision_grpo.tasks import get_task, task_of
 from vision_grpo.threads import configure_threads
-from vision_grpo.training import fill_image
+from vision_grpo.training import fill_image, from_main_process
 
 logger = logging.getLogger("vision_grpo.evaluate")
 IMAGE_CONTROLS = ("none", "blank", "shuffled")
@@ -170,8 +170,9 @@ class Evaluator:
         text = self.processor.apply_chat_template(
             [fill_image(row["prompt"], image)], add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
         )[0]
-        sizes = self.processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
-        return len(self.processor.tokenizer(text)["input_ids"]) + sizes["num_image_tokens"][0] - 1
+        images = image if isinstance(image, list) else [image]
+        sizes = self.processor._get_num_multimodal_tokens(image_sizes=[(each.height, each.width) for each in images])
+        return len(self.processor.tokenizer(text)["input_ids"]) + sum(sizes["num_image_tokens"]) - len(images)
 
     @torch.inference_mode()
     def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
@@ -239,14 +240,19 @@ def _as_list(value: Any) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def control_images(dataset: Any, control: str) -> list[Image.Image]:
-    """The images to show: the real ones, a white canvas of the same size, or the next item's image."""
-    images = list(dataset["image"])
+def control_images(dataset: Any, control: str) -> list[Any]:
+    """Each item's image(s) to show: the real ones, white canvases of the same sizes, or the next item's."""
+    columns = getattr(dataset, "column_names", dataset)  # a Dataset, or a dict of columns
+    images = list(dataset["image"] if "image" in columns else dataset["images"])
     if control == "blank":
-        return [Image.new("RGB", image.size, "white") for image in images]
+        return [[_white(i) for i in image] if isinstance(image, list) else _white(image) for image in images]
     if control == "shuffled":
         return images[1:] + images[:1]  # every item gets another item's image
     return images
+
+
+def _white(image: Image.Image) -> Image.Image:
+    return Image.new("RGB", image.size, "white")
 
 
 def partial_path(output: Path) -> Path:
@@ -301,15 +307,6 @@ def by_prompt_length(evaluator: Evaluator, rows: dict[int, dict], images: list[I
     return sorted(rows, key=lambda i: (lengths[i], i))
 
 
-def _from_main(state: PartialState, value: Any) -> Any:
-    """`value` as the main process has it, on every process."""
-    if state.num_processes == 1:
-        return value
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
 def run_evaluation(
     evaluator: Evaluator,
     dataset: Any,
@@ -337,7 +334,7 @@ def run_evaluation(
         elif eval_args.resume:
             logger.info("nothing to resume (%s does not exist): starting from the first example", partial)
         write_partial(partial, metadata, done.values())
-    done = _from_main(state, done)
+    done = from_main_process(done)
     start = time.perf_counter()  # samples/s includes the bucketing's own cost (one more render per item)
     images = control_images(dataset, eval_args.image_control)
     rows = {i: dataset[i] for i, row_id in enumerate(ids) if row_id not in done}

@@ -116,7 +116,7 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     or the start time on the main process, which every process takes (ranks whose clocks straddle a second would
     otherwise write into two folders). Rerunning with the same `run_name` finds that run's checkpoints again.
     """
-    run_name = trainer_args.run_name or _from_main_process(datetime.now().strftime("%Y%m%d-%H%M%S"))
+    run_name = trainer_args.run_name or from_main_process(datetime.now().strftime("%Y%m%d-%H%M%S"))
     run_dir = Path(trainer_args.output_dir) / run_name
     trainer_args.output_dir = str(run_dir)
     trainer_args.run_name = run_name
@@ -126,8 +126,8 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     return run_dir
 
 
-def _from_main_process(value: Any) -> Any:
-    """`value` as the main process has it, on every process."""
+def from_main_process(value: Any) -> Any:
+    """`value` as the main process has it, on every process (the run name here, resumed records in evaluation)."""
     if PartialState().num_processes == 1:
         return value
     box = [value]
@@ -170,13 +170,17 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
 
 
 def fill_image(prompt: list[dict], image: Any) -> list[dict]:
-    """The prompt with its image placeholder holding `image` (how TRL and the evaluator feed the processor)."""
+    """The prompt with its image placeholders holding the row's `image`, or its list of images one slot each in order
+    (how TRL and the evaluator feed the processor)."""
+    images = iter(image if isinstance(image, list) else [image])
     filled = []
     for message in prompt:
         content = message["content"]
         if isinstance(content, list):
             content = [
-                {"type": "image", "image": image} if part["type"] == "image" else {"type": "text", "text": part["text"]}
+                {"type": "image", "image": next(images)}
+                if part["type"] == "image"
+                else {"type": "text", "text": part["text"]}
                 for part in content
             ]
         filled.append({"role": message["role"], "content": content})

@@ -23,7 +23,8 @@ class VisualTokenMismatch(ValueError):
 def _check_row(row_id: str, image: Any, rendered: Any, processor: Any, model_config: Any, limits: tuple) -> None:
     vision = model_config.vision_config
     grid = rendered["image_grid_thw"]
-    where = f"example {row_id} ({image.width}x{image.height} image)"
+    images = image if isinstance(image, list) else [image]
+    where = f"example {row_id} ({', '.join(f'{i.width}x{i.height}' for i in images)} image{'s' * (len(images) > 1)})"
     patch_dim = rendered["pixel_values"].shape[-1]
     expected_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
     if patch_dim != expected_dim:
@@ -43,7 +44,8 @@ def _check_row(row_id: str, image: Any, rendered: Any, processor: Any, model_con
             "processor's merge size"
         )
     # What an inference server (vLLM) computes from the image size alone must agree with the rendered prompt.
-    server = processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])["num_image_tokens"][0]
+    sizes = [(each.height, each.width) for each in images]
+    server = sum(processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"])
     if server != found:
         raise VisualTokenMismatch(
             f"{where}: the prompt holds {found} image tokens but the processor's pixel limits "
@@ -51,8 +53,9 @@ def _check_row(row_id: str, image: Any, rendered: Any, processor: Any, model_con
             "in the recipe, not on the image processor's attributes"
         )
     min_pixels, max_pixels = limits
-    pixels = int(grid[0, 1] * grid[0, 2]) * vision.patch_size**2
-    if (min_pixels is not None and pixels < min_pixels) or (max_pixels is not None and pixels > max_pixels):
+    for pixels in (int(h * w) * vision.patch_size**2 for _, h, w in grid.tolist()):
+        if (min_pixels is None or pixels >= min_pixels) and (max_pixels is None or pixels <= max_pixels):
+            continue
         raise VisualTokenMismatch(
             f"{where}: the model sees {pixels} pixels, outside the recipe's limits [{min_pixels}, {max_pixels}]: the "
             "recipe's `min_pixels`/`max_pixels` did not reach the image processor"
@@ -77,7 +80,7 @@ def check_visual_tokens(
     # Every prompt of a real GeoQA recipe (3,503, `token_check_samples: -1`) takes a while: show it.
     rows = tqdm(dataset.select(range(count)), desc="checking image tokens", disable=count < 1000)
     for row in rows:
-        image = row["image"]
+        image = row["images"] if "images" in row else row["image"]
         rendered = processor.apply_chat_template(
             fill_image(row["prompt"], image),
             add_generation_prompt=True,
