@@ -21,14 +21,16 @@ pip works, download the wheels it lacks (about 16 MB; Python 3.12, manylinux x86
     echo /.whl/ >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \\
-        trl==1.16.0 datasets==5.2.0 transformers==5.24.0 peft==0.21.0 dill multiprocess
-    # on the GPU machine, in the repository root:
+        trl==1.16.0 datasets==5.2.0 transformers==5.24.0 peft==0.21.2 dill==0.4.1 multiprocess==0.70.19
+    # on the GPU machine, in the repository root (vision_grpo maps data/, rewards/, eval/: install it editable):
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 && python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json
+    export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 && python3 -m pip install -q --no-index --no-deps \
+        --no-build-isolation -e . && python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json
 
-(Pin the versions `pip list` shows here; `vision_grpo` is read from the checkout through PYTHONPATH because the
-installed package maps `data/`, `rewards/` and `eval/` into it: `pip install --no-deps --no-build-isolation -e .`
-there does that instead.) Budget: about 3 minutes for the evaluations and 2-4 for the training step on an H200.
+Checked 2026-12-01: those seven wheels are 16.5 MB; their other needs are on the GPU machine as its package list
+reads (huggingface_hub 1.33 satisfies transformers and datasets; huggingface_hub 2.x would need httpx2), except
+that datasets 5.2 needs pyarrow >= 24: see `pip show pyarrow` there and carry its wheel (~45 MB) if older.
+Budget: about 3 minutes for the evaluations and 2-4 for the training step on an H200 (estimates, not measured).
 """
 
 from __future__ import annotations
