@@ -17,16 +17,17 @@ def result_of(stdout: str) -> dict:
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_every_stage_at_toy_size(tmp_path: Path) -> None:
-    args = ["benchmarks/gpu_check.py", "--toy", "--workdir", str(tmp_path), "--eval-items", "3", "--eval-batch", "2"]
-    figures = result_of(run_script([*args, "--max-new-tokens", "4"], timeout=600).stdout)
-    assert figures["gpu"] is None
-    for name in ("qwen2.5-vl-3b", "qwen3.5-4b"):
-        evaluation = figures[name]["eval"]
-        assert (evaluation["items"], evaluation["batch"], evaluation["device"]) == (3, 2, "cpu")
-        assert 0 < evaluation["mean_completion_tokens"] <= 4 and evaluation["samples_per_s"] > 0
-        assert json.loads((tmp_path / f"{name}.json").read_text())["metadata"]["max_new_tokens"] == 4
+    """Both stages on the seed's model (the Qwen2.5-VL model goes through the same stage code; its real-size
+    configuration is built below)."""
+    args = ["benchmarks/gpu_check.py", "--toy", "--workdir", str(tmp_path), "--models", "qwen3.5-4b"]
+    args += ["--eval-items", "3", "--eval-batch", "2", "--max-new-tokens", "4"]
+    figures = result_of(run_script(args, timeout=600).stdout)
+    assert figures["gpu"] is None and set(figures) == {"gpu", "qwen3.5-4b"}
+    evaluation = figures["qwen3.5-4b"]["eval"]
+    assert (evaluation["items"], evaluation["batch"], evaluation["device"]) == (3, 2, "cpu")
+    assert 0 < evaluation["mean_completion_tokens"] <= 4 and evaluation["samples_per_s"] > 0
+    assert json.loads((tmp_path / "qwen3.5-4b.json").read_text())["metadata"]["max_new_tokens"] == 4
     assert figures["qwen3.5-4b"]["train"]["s_per_step"] > 0
-    assert "train" not in figures["qwen2.5-vl-3b"]  # the seed's recipe is the Qwen3.5 one
 
 
 def test_the_real_size_configurations_have_the_published_sizes() -> None:
