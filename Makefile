@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install test test-fast test-vllm demo bench lint clean
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,17 @@ demo: install
 
 bench: install
 	$(PY) benchmarks/run_all.py
+
+# Real-vLLM tests (tests_vllm/): a CPU build of vLLM in its own venv, never mixed into .venv; see tests_vllm/make_env.sh
+# for what that environment needs that a GPU install (`pip install -e ".[vllm]"`) does not.
+VLLM_VENV ?= .venv-vllm
+
+$(VLLM_VENV)/.installed: pyproject.toml tests_vllm/make_env.sh tests_vllm/patch_torchvision.py
+	PYTHON=$(PYTHON) tests_vllm/make_env.sh $(VLLM_VENV)
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest tests_vllm -p no:cacheprovider
 
 lint: install
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

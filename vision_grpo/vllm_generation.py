@@ -130,6 +130,6 @@ class VisionVLLMGeneration(VLLMGeneration):
                 raise PromptMismatchError(
                     f"the vLLM server made {served} image tokens of the images, the trainer's prompt holds {trained}: "
                     "start the server with the recipe's pixel limits, e.g. "
-                    "--mm-processor-kwargs '{\"size\": {\"shortest_edge\": MIN_PIXELS, \"longest_edge\": MAX_PIXELS}}'"
+                    '--mm-processor-kwargs \'{"size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}}\''
                 )
         return placed

@@ -1,0 +1,60 @@
+"""Real-vLLM tests (`make test-vllm`, run in `.venv-vllm` built by `tests_vllm/make_env.sh`; the main suite never
+collects them). Offline, isolated caches, one torch thread, a small CPU KV cache; vLLM engines start in the
+entry points' own processes (17-75 s each on 2 cores), so each test module starts as few as it needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="vision-grpo-vllm-tests-"))
+os.environ.update(
+    {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        # GiB of KV cache; without it the CPU backend reserves a fraction of all RAM.
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        "HF_HOME": str(_SESSION_HOME / "hf"),
+        "VISION_GRPO_CACHE": str(_SESSION_HOME / "vision_grpo"),
+    }
+)
+RECIPE = "recipes/shapes/tiny_vllm_colocate.yaml"
+
+
+@pytest.fixture(scope="session")
+def replica() -> Path:
+    """The embedded Qwen2.5-VL replica, with the image-processor file Hub checkpoints ship.
+
+    The replica is saved where torchvision is missing, so its `processor_config.json` has no video processor, and
+    vLLM's `AutoProcessor` then fails ("Can't load video processor"). Hub checkpoints (e.g. Qwen2.5-VL-3B) also ship
+    `preprocessor_config.json`, which transformers falls back to for the video processor; we write the same file.
+    """
+    from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+
+    path = Path(resolve_model_path(TINY_MODEL))
+    nested = json.loads((path / "processor_config.json").read_text())
+    (path / "preprocessor_config.json").write_text(json.dumps(nested["image_processor"], indent=2))
+    return path
+
+
+def run_python(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
+    """`python <args>` from the repository root, output captured (not checked: some tests expect a failure)."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+    )
+
+
+def check(process: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if process.returncode != 0:
+        raise AssertionError(f"{process.args} failed ({process.returncode}):\n{process.stderr[-6000:]}")
+    return process
