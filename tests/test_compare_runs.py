@@ -223,11 +223,14 @@ def test_two_learning_rates_give_two_runs_and_a_comparison(tmp_path):
         assert any(run.glob("events.out.tfevents.*"))
         assert yaml.safe_load((run / "recipe.yaml").read_text(encoding="utf-8"))["learning_rate"] == rate
         manifest = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
-        assert manifest["seed"] == 42 and manifest["dataset"]["shapes_eval_size"] == 4 and manifest["ended"]
+        assert manifest["seed"] == 42 and manifest["dataset"]["eval"]["size"] == 4 and manifest["ended"]
 
-    with Image.open(tmp_path / "compare.png") as image:
-        assert image.format == "PNG" and image.width > 300
-    rows = table_rows((tmp_path / "compare.md").read_text(encoding="utf-8"))
+    # A random-weight model earns no reward, so the two learning rates train alike: nothing differs to draw, and the
+    # comparison says so instead of drawing identical lines.
+    markdown = (tmp_path / "compare.md").read_text(encoding="utf-8")
+    assert not (tmp_path / "compare.png").exists()
+    assert "flat: reward" in markdown and "the same in every run: completions/mean_length" in markdown
+    rows = table_rows(markdown)
     assert rows[""] == names
     assert [key for key in rows if key.startswith("`")] == ["`learning_rate`"]
     assert rows["steps"] == ["2", "2"]
