@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
@@ -98,14 +99,14 @@ def score(row, text):
 def identity(task_args):
     return {{"name": NAME, "size": task_args.{name}_size}}
 '''
-REWARD = '''
+REWARD = """
 from vision_grpo.rewards import completion_texts, reward
 
 
 @reward()
 def {reward}(completions, answer, **kwargs):
     return [float(len(text)) / 10 for text in completion_texts(completions)]
-'''
+"""
 
 
 def write_task(folder: Path, *, drop: str | None = None) -> tuple[str, str]:
@@ -141,3 +142,19 @@ def test_a_plugin_tasks_keys_are_recipe_keys_checked_like_the_others(tmp_path: P
     recipe.write_text(recipe.read_text().replace(f"{name}_size", f"{name}_sise"))
     with pytest.raises(RecipeError, match=rf"unknown key `{name}_sise`; did you mean `{name}_size`"):
         parse_recipe(classes, ["--config", str(recipe)])
+
+
+@pytest.mark.slow
+def test_a_task_file_dropped_into_a_folder_trains_and_evaluates_with_no_other_edit(tmp_path: Path) -> None:
+    name, reward = write_task(tmp_path / "plugins")
+    plugins = str(tmp_path / "plugins")
+    args = ["--config", "recipes/shapes/tiny_cpu.yaml", "--task", name, "--task_dirs", plugins]
+    args += ["--reward_dirs", plugins, "--reward_funcs", reward, "--reward_weights", "1", "--max_steps", "2"]
+    run_script(["recipes/train.py", *args, "--output_dir", str(tmp_path / "runs"), "--run_name", "r"])
+    manifest = json.loads((tmp_path / "runs" / "r" / "manifest.json").read_text())
+    assert manifest["task"] == name and manifest["dataset"] == {"name": name, "size": 4}
+    output = tmp_path / "eval.json"
+    run_script(["eval/evaluate.py", *args, "--adapter", str(tmp_path / "runs" / "r"), "--output", str(output)])
+    result = json.loads(output.read_text())
+    assert [record["id"] for record in result["records"]] == [f"eval-{i}" for i in range(4)]
+    assert result["metadata"]["dataset"] == {"name": name, "size": 4}
