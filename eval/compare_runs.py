@@ -86,8 +86,10 @@ class Run:
 
     @property
     def kind(self) -> str:
-        """`GRPO` or `SFT`, from what the trainer logged (TRL's GRPOTrainer logs a reward; SFTTrainer does not)."""
-        return "GRPO" if "train/reward" in self.scalars else "SFT"
+        """`GRPO` or `SFT`, from what the trainer logged: TRL's GRPOTrainer logs a reward, and our held-out curves
+        (GRPO only) start at step 0, before the first reward; SFTTrainer logs neither."""
+        grpo = any(tag == "train/reward" or tag.startswith("train/holdout/") for tag in self.scalars)
+        return "GRPO" if grpo else "SFT"
 
 
 def find_runs(paths: list[str]) -> list[Path]:

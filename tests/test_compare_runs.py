@@ -253,3 +253,9 @@ def test_the_two_compare_commands_default_to_different_files(tmp_path, monkeypat
     compare_runs.main(["runs"])
     written = sorted(p.name for p in (tmp_path / "results").iterdir())
     assert written == ["eval_compare.md", "eval_compare.png", "runs_compare.md", "runs_compare.png"]
+
+
+def test_run_kind_comes_from_the_logged_tags():
+    assert grpo_run("g", {}, {"train/reward": [0.1]}).kind == "GRPO"
+    assert grpo_run("h", {}, {"train/holdout/accuracy": [0.1]}).kind == "GRPO"  # stopped before its first reward
+    assert grpo_run("s", {}, {"train/loss": [2.0], "train/mean_token_accuracy": [0.5]}).kind == "SFT"
