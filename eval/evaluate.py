@@ -163,8 +163,8 @@ class Evaluator:
     def prompt_length(self, row: dict[str, Any], image: Image.Image) -> int:
         """Tokens of the rendered prompt, image tokens included: what batches are bucketed by.
 
-        Counted without processing the image: the template's text, tokenized, with its one image placeholder
-        replaced by the number of image tokens the processor computes from the image size (10x cheaper than
+        Counted without processing the images: the template's text, tokenized, with each image placeholder
+        replaced by the number of image tokens the processor computes from the image's size (10x cheaper than
         rendering; a test checks it equals the rendered length).
         """
         text = self.processor.apply_chat_template(
