@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
 
@@ -178,3 +181,19 @@ def test_a_file_dropped_into_the_rewards_folder_needs_no_other_edit(builtin_plug
     write_plugin(BUILTIN_DIR, body, stem=name)
     (func,) = get_reward_funcs([name])
     assert func(completions=COMPLETIONS) == [0.25, 0.25]
+
+
+def test_importing_the_folders_from_the_repository_root_shares_one_registry() -> None:
+    """`import rewards` (a script run from the repository root) and `vision_grpo.rewards` are one registry."""
+    code = (
+        "import sys; sys.path.insert(0, '.'); import rewards, data, vision_grpo.rewards, vision_grpo.tasks\n"
+        "from rewards import reward\n"
+        "@reward()\ndef from_the_root(completions, **kwargs): return [1.0] * len(completions)\n"
+        "assert 'from_the_root' in vision_grpo.rewards.discover(), 'two registries'\n"
+        "assert rewards.RewardPluginError is vision_grpo.rewards.RewardPluginError\n"
+        "assert 'shapes' in vision_grpo.tasks.discover()\n"
+        "print('one registry')"
+    )
+    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr[-2000:]
+    assert "one registry" in process.stdout

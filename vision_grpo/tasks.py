@@ -31,8 +31,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data"
 BUILTIN_PACKAGE = "vision_grpo.data"
+# The `data/` folder: where the package `vision_grpo.data` is installed from (found without importing it).
+BUILTIN_DIR = Path(importlib.util.find_spec(BUILTIN_PACKAGE).submodule_search_locations[0]).resolve()
 REQUIRED = ("NAME", "DEFAULT_REWARDS", "load", "score", "identity")
 
 

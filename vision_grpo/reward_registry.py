@@ -1,0 +1,165 @@
+"""The reward registry behind `rewards/`: one per process, whether plugins import `vision_grpo.rewards` or, from
+the repository root, `rewards` (both names re-export this module, so they share it).
+
+What a plugin file looks like, and the contract of a reward function, is in `rewards/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RewardFunc = Callable[..., list[float | None]]
+# The `rewards/` folder: where the package `vision_grpo.rewards` is installed from (found without importing it).
+BUILTIN_DIR = Path(importlib.util.find_spec("vision_grpo.rewards").submodule_search_locations[0]).resolve()
+
+
+class RewardPluginError(RuntimeError):
+    """A reward plugin that cannot be loaded or returned something unusable."""
+
+
+@dataclass(frozen=True)
+class RegisteredReward:
+    name: str
+    func: RewardFunc
+    source: str
+
+
+_REGISTRY: dict[str, RegisteredReward] = {}
+_LOADED_FILES: set[Path] = set()
+
+
+def reward(name: str | None = None) -> Callable[[RewardFunc], RewardFunc]:
+    """Register the decorated function as reward `name` (default: the function's name)."""
+
+    def register(func: RewardFunc) -> RewardFunc:
+        key = name or func.__name__
+        source = inspect.getsourcefile(func) or func.__module__
+        existing = _REGISTRY.get(key)
+        if existing and (existing.source, existing.func.__qualname__) != (source, func.__qualname__):
+            raise RewardPluginError(f"two reward plugins are named `{key}`: {existing.source} and {source}")
+        _REGISTRY[key] = RegisteredReward(key, func, source)
+        return func
+
+    return register
+
+
+def completion_texts(completions: Sequence[Any]) -> list[str]:
+    """The text of each completion, whether TRL passed chat messages or plain strings."""
+    texts = []
+    for completion in completions:
+        if isinstance(completion, str):
+            texts.append(completion)
+        else:
+            texts.append("".join(str(message.get("content") or "") for message in completion))
+    return texts
+
+
+def was_cut_off(ids: Sequence[int] | None, eos_token_ids: Sequence[int] | None) -> bool:
+    """True when a completion ended without an EOS token, i.e. it hit the length limit."""
+    if ids is None or eos_token_ids is None:
+        return False
+    return len(ids) == 0 or ids[-1] not in eos_token_ids
+
+
+def _import_file(path: Path) -> None:
+    path = path.resolve()
+    if path in _LOADED_FILES:
+        return
+    try:
+        if path.parent == BUILTIN_DIR:
+            importlib.import_module(f"vision_grpo.rewards.{path.stem}")
+        else:
+            digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
+            module_name = f"vision_grpo_reward_plugins_{digest}.{path.stem}"
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+    except RewardPluginError:
+        raise
+    except ENDS_THE_RUN as error:  # e.g. argparse at import time: it would end training with exit status 0
+        raise RewardPluginError(f"reward plugin {path} {_ended(error)} while being imported") from error
+    except Exception as error:  # a plugin may fail in any way; say which file
+        raise RewardPluginError(f"reward plugin {path} failed to import: {type(error).__name__}: {error}") from error
+    _LOADED_FILES.add(path)
+
+
+# What plugin code may raise that is no `Exception` but would end the run, silently where it is `SystemExit(0)`.
+ENDS_THE_RUN = (SystemExit, KeyboardInterrupt)
+
+
+def _ended(error: BaseException) -> str:
+    """How plugin code tried to end the process, for the error that replaces it."""
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r}) (SystemExit); plugin code must raise an exception or return values"
+    return "raised KeyboardInterrupt (a second Ctrl-C during a plugin call also shows here)"
+
+
+def discover(extra_dirs: Sequence[str | Path] = ()) -> dict[str, RegisteredReward]:
+    """Import every plugin file of this folder and of `extra_dirs`; return the registry."""
+    importlib.invalidate_caches()  # a plugin file dropped in after start-up must still be found (Python's docs)
+    for directory in (BUILTIN_DIR, *map(Path, extra_dirs)):
+        if not directory.is_dir():
+            raise RewardPluginError(f"reward folder {directory} does not exist")
+        for path in sorted(directory.glob("*.py")):
+            if not path.name.startswith("_"):
+                _import_file(path)
+    return dict(_REGISTRY)
+
+
+def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
+    """Wrap a plugin so that a bad return value fails loudly with the plugin's name and file."""
+    accepted = inspect.signature(entry.func).parameters
+    bound = {key: value for key, value in context.items() if key in accepted}
+    func = functools.partial(entry.func, **bound) if bound else entry.func
+
+    def checked(completions, **kwargs) -> list[float | None]:
+        where = f"reward `{entry.name}` ({entry.source})"
+        try:
+            values = func(completions=completions, **kwargs)
+        except ENDS_THE_RUN as error:
+            raise RewardPluginError(f"{where} {_ended(error)}") from error
+        except Exception as error:
+            raise RewardPluginError(f"{where} raised {type(error).__name__}: {error}") from error
+        if not isinstance(values, (list, tuple)) or len(values) != len(completions):
+            count = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            raise RewardPluginError(f"{where} returned {count} values for {len(completions)} completions")
+        for value in values:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise RewardPluginError(f"{where} returned {value!r}; rewards must be numbers or None")
+            if value is not None and not math.isfinite(value):
+                raise RewardPluginError(f"{where} returned {value}; rewards must be finite (None marks 'no reward')")
+        return [None if value is None else float(value) for value in values]
+
+    checked.__name__ = entry.name  # TRL logs `rewards/<__name__>/mean`
+    checked.__qualname__ = entry.name
+    return checked
+
+
+def get_reward_funcs(
+    names: Sequence[str], extra_dirs: Sequence[str | Path] = (), context: dict[str, Any] | None = None
+) -> list[RewardFunc]:
+    """The checked reward functions for `names`, in order; `context` values are bound where a plugin asks."""
+    registry = discover(extra_dirs)
+    missing = [name for name in names if name not in registry]
+    if missing:
+        raise RewardPluginError(f"unknown reward(s) {missing}; available: {sorted(registry)}")
+    return [_checked(registry[name], context or {}) for name in names]
+
+
+def get_recipe_rewards(task_args: Any, tokenizer: Any) -> list[RewardFunc]:
+    """A recipe's `reward_funcs` with the context they may ask for: one function, so that training, evaluation and
+    the held-out curves score completions identically (EOS ids decide which completions were cut off)."""
+    eos_token_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    return get_reward_funcs(task_args.reward_funcs, task_args.reward_dirs, context={"eos_token_ids": eos_token_ids})
