@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from conftest import REPO, run_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2, metadata
@@ -182,6 +183,9 @@ def test_training_logs_holdout_curves_and_tensorboard_shows_hparams(tmp_path):
     assert steps["train/holdout/rewards/count_correct"] == [0, 1, 2]
     assert steps["train/reward"] == [1, 2]  # the held-out log at the same step did not swallow TRL's metrics
     assert all(0 <= event.value <= 1 for event in accumulator.Scalars("train/holdout/format_rate"))
+    decoding = json.loads((logdir / "shapes" / "tiny_cpu" / "hp" / "holdout_decoding.json").read_text())
+    recipe_length = yaml.safe_load(Path(RECIPE).read_text())["max_completion_length"]
+    assert decoding["do_sample"] is False and decoding["max_new_tokens"] == recipe_length  # the evaluator's rule
 
     (group,) = tensorboard_session_groups(logdir)
     assert group["hparams"]["learning_rate"] == pytest.approx(3e-4)
