@@ -4,14 +4,20 @@ reported numbers recompute from the per-example records."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import datasets
 import pytest
+import yaml
 from conftest import run_script
 
+from vision_grpo.config import RecipeError, TaskArguments
+from vision_grpo.data import with_sft_completions
 from vision_grpo.eval.compare import mcnemar_exact
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.pass_at_k import summarize_samples
 
+REPO = Path(__file__).resolve().parent.parent
 TIMING = ("total_seconds", "samples_per_s")
 # Result-file prefix of each experiment, its models and their column labels in the report.
 EXPERIMENTS = {
@@ -22,6 +28,41 @@ EXPERIMENTS = {
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
+
+
+def test_biased_demonstrations_follow_their_recipe_keys():
+    """The second experiment's warm start: only the recipe's count is mislabelled, in about its share of rows,
+    the same rows on every run; inconsistent keys are refused."""
+    recipe = yaml.safe_load((REPO / "recipes/shapes/tiny_sft_biased.yaml").read_text(encoding="utf-8"))
+    keys = {name: recipe[f"sft_mislabel_{name}"] for name in ("count", "as", "share")}
+    rows = datasets.Dataset.from_dict(
+        {"id": [f"1-{i}" for i in range(3000)], "answer": [1 + i % 3 for i in range(3000)]}
+    )
+
+    def shown():
+        labelled = with_sft_completions(
+            rows, recipe["sft_targets"], recipe["sft_target_weights"], **{f"mislabel_{k}": v for k, v in keys.items()}
+        )
+        return [(row["answer"], row["completion"][0]["content"][0]["text"]) for row in labelled]
+
+    first = shown()
+    assert first == shown()
+    for answer, text in first:
+        if answer != keys["count"]:
+            assert text == f"The answer is \\boxed{{{answer}}}."
+    wrong = [text == f"The answer is \\boxed{{{keys['as']}}}." for answer, text in first if answer == keys["count"]]
+    assert abs(sum(wrong) / len(wrong) - keys["share"]) < 0.05
+    right = [text == f"The answer is \\boxed{{{answer}}}." for answer, text in first if answer == keys["count"]]
+    assert [not w for w in wrong] == right
+    for bad in (
+        {"sft_mislabel_count": 3},
+        {"sft_mislabel_count": 3, "sft_mislabel_as": 3},
+        {"sft_mislabel_share": 0.5},
+    ):
+        with pytest.raises(RecipeError):
+            TaskArguments(**bad)
+    with pytest.raises(RecipeError):
+        TaskArguments(sft_mislabel_count=3, sft_mislabel_as=2, sft_mislabel_share=1.5)
 
 
 @pytest.mark.slow
