@@ -2,9 +2,10 @@
 
 Greedy accuracy says what a model answers; pass@k says whether a right answer is among what it samples, which is
 all a GRPO group can find and reinforce. Comparing the two before and after GRPO shows what GRPO turned into greedy
-accuracy. Model loading, prompts, pixels and scoring are the evaluator's own (`build_evaluator`, `Evaluator.encode`,
-its scorer): one path for prompts. The sampling settings are the recipe's training ones (temperature, top-p, top-k,
-min-p, repetition penalty, completion length, the image token suppressed), as TRL's GRPOTrainer builds them.
+accuracy. Model loading, prompts, pixels, stop and suppressed tokens, the cut after EOS and scoring are the
+evaluator's own (`build_evaluator`, `Evaluator.encode`, `Evaluator.completion`, its scorer): one path for prompts.
+The sampling settings are the recipe's training ones (temperature, top-p, top-k, min-p, repetition penalty,
+completion length), as TRL's GRPOTrainer builds them, and nothing from the checkpoint's generation config.
 
     python -m vision_grpo.pass_at_k --config recipes/shapes/tiny_grpo_demo.yaml \\
         --model_name_or_path runs/shapes/tiny_grpo_demo/demo --k 8 --output results/grpo_pass8.json
@@ -31,6 +32,7 @@ from vision_grpo.eval.evaluate import (
     Evaluator,
     build_evaluator,
     default_max_new_tokens,
+    only_generation_config,
     write_json_atomic,
 )
 from vision_grpo.modeling import max_pixels_of
@@ -49,7 +51,11 @@ class SamplingArguments:
 
 
 def sampling_config(evaluator: Evaluator, train_args: GRPOConfig, k: int, max_new_tokens: int) -> GenerationConfig:
-    """The generation settings of GRPO training (TRL's own list), returning `k` samples per prompt."""
+    """The generation settings of GRPO training (TRL's own list), returning `k` samples per prompt.
+
+    The vision tokens are suppressed as in training (`VisionGRPOTrainer`) and in the evaluator: a sampled image token
+    has no image features.
+    """
     return GenerationConfig(
         do_sample=True,
         num_return_sequences=k,
@@ -59,9 +65,9 @@ def sampling_config(evaluator: Evaluator, train_args: GRPOConfig, k: int, max_ne
         top_k=train_args.top_k,
         min_p=train_args.min_p,
         repetition_penalty=train_args.repetition_penalty,
-        pad_token_id=evaluator.processor.tokenizer.pad_token_id,
-        eos_token_id=sorted(evaluator.eos_ids),
-        suppress_tokens=[evaluator.model.config.image_token_id],  # a sampled image token has no image features
+        pad_token_id=evaluator.pad_id,
+        eos_token_id=evaluator.stop_ids,
+        suppress_tokens=evaluator.suppress_ids or None,
     )
 
 
@@ -74,21 +80,20 @@ def sample_records(
     for first in range(0, len(dataset), batch_size):
         rows = [dataset[i] for i in range(first, min(first + batch_size, len(dataset)))]
         inputs = evaluator.encode(rows, [row["image"] for row in rows])
-        output = evaluator.model.generate(**inputs, generation_config=config)
-        completions = output[:, inputs["input_ids"].shape[1] :]
-        texts = evaluator.processor.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        ended = [any(token in evaluator.eos_ids for token in ids) for ids in completions.tolist()]
+        with only_generation_config(evaluator.model, config):
+            output = evaluator.model.generate(**inputs, generation_config=config)
+        samples = [evaluator.completion(ids) for ids in output[:, inputs["input_ids"].shape[1] :].tolist()]
         k = config.num_return_sequences
         for index, row in enumerate(rows):  # generate returns the k samples of each prompt next to each other
-            mine = range(index * k, (index + 1) * k)
-            scores = [evaluator.score(row, texts[i]) for i in mine]
+            mine = samples[index * k : (index + 1) * k]
+            scores = [evaluator.score(row, sample["text"]) for sample in mine]
             records.append(
                 {
                     "id": row["id"],
                     "gold": scores[0]["gold"],
-                    "texts": [texts[i] for i in mine],
+                    "texts": [sample["text"] for sample in mine],
                     "correct": [score["correct"] for score in scores],
-                    "hit_limit": [not ended[i] for i in mine],
+                    "hit_limit": [sample["hit_limit"] for sample in mine],
                 }
             )
     return records
