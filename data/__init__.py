@@ -20,12 +20,27 @@ from vision_grpo.tasks import task_of
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
+# Rows of the source that the last `get_dataset` of each split did not use, by reason: tasks report them with
+# `report_unused`, the log names them, and the run's manifest records the counts.
+_UNUSED: dict[str, dict[str, int]] = {}
+
+
+def report_unused(split: str, reason: str, count: int) -> None:
+    """Called by a task's `load`: `count` rows of `split` not used, and why (skipped as invalid, another split, ...)."""
+    if count:
+        _UNUSED.setdefault(split, {})[reason] = _UNUSED.get(split, {}).get(reason, 0) + count
+
+
+def unused_rows() -> dict[str, dict[str, int]]:
+    """The counts `report_unused` collected for each split loaded in this process, for the run's manifest."""
+    return {split: dict(reasons) for split, reasons in _UNUSED.items()}
 
 
 def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     """The rows of `split` (`train` or `eval`) of the recipe's task; fails if nothing is left."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    _UNUSED.pop(split, None)
     dataset = task_of(task_args).load(task_args, split, max_pixels)
     if len(dataset) == 0:
         raise ValueError(f"the {task_args.task} {split} dataset is empty after filtering")

@@ -24,6 +24,7 @@ from typing import Any
 import datasets
 from PIL import Image, UnidentifiedImageError
 
+from vision_grpo.data import report_unused
 from vision_grpo.data.collator import ImageTooLarge, RowRefused, check_aspect_ratio, check_decode_size, special_token_in
 
 logger = logging.getLogger(__name__)
@@ -228,7 +229,8 @@ def load_split(
 ) -> datasets.Dataset:
     """The raw rows of `split`: `train` (the training set) or `eval` (the fixed 100-question subset).
 
-    A folder written by `prepare` already holds both, so they are read as they are; any other source is split here.
+    A folder written by `prepare` already holds both, so they are read as they are; any other source is split here
+    (rows of no split, and `val` rows, are reported as unused).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be `train` or `eval`, got {split!r}")
@@ -241,7 +243,8 @@ def load_split(
             raise GeoQADataError(f"{prepared / SUBSET_FILE}: {len(subset)} rows, expected {SUBSET_SIZE}")
         return subset
     dataset = load_source(source, revision)
-    log_unused_rows(dataset, source)
+    for reason, count in log_unused_rows(dataset, source).items():
+        report_unused(split, reason, count)
     return train_rows(dataset) if split == "train" else fixed_test_subset(dataset, expected_test_rows)
 
 

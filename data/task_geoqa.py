@@ -11,7 +11,7 @@ from typing import Any
 
 import datasets
 
-from vision_grpo.data import geoqa
+from vision_grpo.data import geoqa, report_unused
 from vision_grpo.data.collator import PROMPT_FEATURE, WRITER_BATCH, make_example
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
 
@@ -59,6 +59,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     rows = rows.cast_column("image", datasets.Image(decode=False))
     if task_args.skip_bad_rows:
         rows, skipped = geoqa.drop_bad_rows(rows)
+        report_unused(split, "invalid, skipped (skip_bad_rows)", skipped)
         if skipped:
             logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, skipped, len(rows) + skipped)
     return rows.map(

@@ -24,6 +24,7 @@ import datasets
 import jinja2
 from PIL import Image
 
+from vision_grpo.data import report_unused
 from vision_grpo.data.collator import PROMPT_FEATURE, WRITER_BATCH, make_example
 from vision_grpo.rewards.vqa import ANSWER_TYPES, as_math, is_correct, predicted
 
@@ -212,6 +213,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         logger.warning("skipping %s", reason)
     if skipped:
         logger.warning("VQA %s: skipped %d invalid row(s) of %d", name, len(skipped), len(source))
+        report_unused(split, "invalid, skipped (skip_bad_rows)", len(skipped))
     if not rows:
         return datasets.Dataset.from_dict({"id": []})
     # In chunks: one `from_list` over thousands of decoded images held them all in memory at once.

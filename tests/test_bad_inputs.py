@@ -297,6 +297,8 @@ COLUMNS = {
     "shape": ["circles"],
     "ground_truth": [{"triangles": 1, "circles": 2, "squares": 0}],
     "label": [0],
+    "answer_type": ["math"],  # the VQA rewards: the answer type that does the most parsing
+    "tolerance": [0.0],
     "completion_ids": [[5, 6, 7]],
 }
 

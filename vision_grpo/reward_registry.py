@@ -28,6 +28,9 @@ class RewardPluginError(RuntimeError):
     """A reward plugin that cannot be loaded or returned something unusable."""
 
 
+RewardPluginError.__module__ = "vision_grpo.rewards"  # where users import it from, and what a traceback shows
+
+
 @dataclass(frozen=True)
 class RegisteredReward:
     name: str

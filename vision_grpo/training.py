@@ -24,6 +24,7 @@ from trl import GRPOTrainer, ModelConfig
 from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
+from vision_grpo.data import unused_rows
 from vision_grpo.logprob_guard import LogprobGapGuard
 from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
 from vision_grpo.runs import dataset_identity, finished_step, write_run_end, write_run_start
@@ -85,6 +86,7 @@ class RecipeRun:
                 "dataset": dataset_identity(self.task_args),
                 "seed": self.training_args.seed,
                 "resumed_from": self.resume_from,  # None for a fresh start
+                "rows_unused": unused_rows(),  # by split and reason, as the task's loader reported them
             }
             configs = (self.task_args, self.training_args, self.model_args)
             write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)
