@@ -27,7 +27,7 @@ from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
 from trl import ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_dataset, unused_rows
 from vision_grpo.data.collator import RowRefused, make_example
 from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
@@ -258,6 +258,7 @@ def test_rows_without_a_split_are_counted_and_named(tmp_path: Path, caplog: pyte
     said = "2 row(s) have original_split ['None'] and are neither trained on nor evaluated"
     assert f"{said} (ids {first['id']}, {second['id']})" in caplog.text
     assert "2 val row(s) not used" in caplog.text
+    assert unused_rows()["train"] == {"no or unknown original_split": 2, "val (unused by the seed)": 2}  # manifest
 
 
 def test_a_folder_holding_two_copies_of_the_data_is_refused(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ recipe trains on the fixture through the real entry point and logs the accuracy 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,5 @@ def test_tiny_recipe_trains_and_logs_accuracy_and_format_rate(tmp_path: Path) ->
     assert all(0.0 <= a <= f <= 1.0 for a, f in zip(accuracy, format_rate, strict=True))
     assert all(0.0 <= d <= 1.0 for d in degenerate)
     assert (tmp_path / "runs" / "smoke" / "adapter_model.safetensors").exists()
+    manifest = json.loads((tmp_path / "runs" / "smoke" / "manifest.json").read_text())
+    assert manifest["rows_unused"] == {"train": {"val (unused by the seed)": 40}}  # the fixture's val rows
