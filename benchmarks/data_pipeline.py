@@ -4,7 +4,7 @@
 
 Stages, each timed on its own over the same images (images/s, median of `--repeats`):
 - generator: `data/shapes.py` drawing an example (seed layout 256 px; the demo's single-shape 140 px);
-- normalisation: `data/collator.normalize_image` to the tiny model's pixel limit (a 256 px shape image, and a
+- normalisation: `data/prompts_and_images.normalize_image` to the tiny model's pixel limit (a 256 px shape image, and a
   1024 px photo-sized image);
 - Arrow storage: `datasets.Image` encoding (PNG, once per row at preparation) and decoding (every read);
 - preparation: `get_dataset`, i.e. all of the above through `Dataset.map`, in rows/s;
@@ -28,7 +28,7 @@ from PIL import Image
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset, shapes
-from vision_grpo.data.collator import normalize_image
+from vision_grpo.data.prompts_and_images import normalize_image
 from vision_grpo.data.task_shapes import spec as shape_spec
 from vision_grpo.tiny_model import FAMILIES, pixel_limits
 

@@ -2,7 +2,7 @@
 
 The rows come from the recipe's task (a module of this folder or of a recipe's `task_dirs`, see vision_grpo/tasks.py):
 `task_shapes.py`, `task_geoqa.py`, `task_vqa.py` (any VQA dataset, configured in the recipe). Every row has `id`, a
-conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see `collator.py`, the
+conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see `prompts_and_images.py`, the
 multimodal collator), and the columns the task's rewards read. Rows are built once per dataset with `Dataset.map`,
 so no image is re-normalised at every training step.
 """

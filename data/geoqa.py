@@ -25,7 +25,13 @@ import datasets
 from PIL import Image, UnidentifiedImageError
 
 from vision_grpo.data import report_unused
-from vision_grpo.data.collator import ImageTooLarge, RowRefused, check_aspect_ratio, check_decode_size, special_token_in
+from vision_grpo.data.prompts_and_images import (
+    ImageTooLarge,
+    RowRefused,
+    check_aspect_ratio,
+    check_decode_size,
+    special_token_in,
+)
 
 logger = logging.getLogger(__name__)
 

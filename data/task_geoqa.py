@@ -12,7 +12,7 @@ from typing import Any
 import datasets
 
 from vision_grpo.data import geoqa, report_unused
-from vision_grpo.data.collator import PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, WRITER_BATCH, make_example
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
 
 logger = logging.getLogger(__name__)

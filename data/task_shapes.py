@@ -10,7 +10,7 @@ from typing import Any
 import datasets
 
 from vision_grpo.data import shapes
-from vision_grpo.data.collator import MAX_DECODE_PIXELS, PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, PROMPT_FEATURE, WRITER_BATCH, make_example
 from vision_grpo.rewards.counting import boxed_integer, final_answer
 
 NAME = "shapes"

@@ -25,7 +25,7 @@ import jinja2
 from PIL import Image
 
 from vision_grpo.data import report_unused
-from vision_grpo.data.collator import PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, WRITER_BATCH, make_example
 from vision_grpo.rewards.vqa import ANSWER_TYPES, as_math, is_correct, predicted
 
 logger = logging.getLogger(__name__)

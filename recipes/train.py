@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> Path:
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
-    # Dataset: prompts and normalised images through data/collator.py, checked against what the model consumes.
+    # Dataset: prompts and normalised images (the multimodal collator), checked against what the model consumes.
     train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
     checked = check_visual_tokens(
         train_dataset,

@@ -1,6 +1,6 @@
 """Bad input: every case fails with an error that names the culprit (file, key, row id, plugin), and a run that
 fails before training writes nothing. docs/bad_inputs.md lists every case with the message a user sees and its test;
-many cases live with the code they test (test_recipes.py, test_geoqa_data.py, test_collator.py,
+many cases live with the code they test (test_recipes.py, test_geoqa_data.py, test_prompts_and_images.py,
 test_reward_registry.py, test_counting_rewards.py, test_evaluate.py, test_compare.py) and are not repeated here.
 """
 
@@ -22,15 +22,15 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, run_script
 from PIL import Image
-from test_collator import png_header_only
+from test_prompts_and_images import png_header_only
 from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
 from trl import ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, unused_rows
-from vision_grpo.data.collator import RowRefused, make_example
 from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
+from vision_grpo.data.prompts_and_images import RowRefused, make_example
 from vision_grpo.modeling import TINY_MODEL, load_model
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, discover, get_reward_funcs
 

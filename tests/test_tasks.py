@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import datasets
 from PIL import Image
 
-from vision_grpo.data.collator import make_example
+from vision_grpo.data.prompts_and_images import make_example
 
 NAME = "{name}"
 DEFAULT_REWARDS = ["{reward}"]

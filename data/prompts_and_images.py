@@ -1,8 +1,10 @@
-"""The one place where a raw example becomes what the trainer and the evaluator consume.
+"""The multimodal collator: the one place where a raw example becomes a row the trainers and the evaluator consume:
+its conversational prompt with image slots (`build_messages`) and its normalised images (`normalize_image`). It does
+not batch: TRL's trainers (and the evaluator) tokenise, pad and stack pixels through the model's processor.
 
-Training (`recipes/train.py`, `recipes/sft.py`) and evaluation (`eval/evaluate.py`) both build their examples with
-`build_messages` and `normalize_image`, so the prompt text, the position of the image in it and the pixels the
-processor sees are the same in both: the most common failure in this field is a train/eval mismatch.
+Every task builds its rows with `make_example`, so training (`recipes/train.py`, `recipes/sft.py`) and evaluation
+(`eval/evaluate.py`) see the same prompt text, the same image positions and the same pixels: the most common
+failure in this field is a train/eval mismatch.
 """
 
 from __future__ import annotations

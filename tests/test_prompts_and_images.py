@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from vision_grpo.data.collator import MAX_DECODE_PIXELS, build_messages, make_example, normalize_image
+from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, build_messages, make_example, normalize_image
 
 LIMIT = 100 * 100
 WHITE, BLACK, RED = (255, 255, 255), (0, 0, 0), (255, 0, 0)
