@@ -188,7 +188,7 @@ def test_adapter_on_held_out_shapes_and_blank_control(trained_run: Path, tmp_pat
     assert metadata.keys() >= METADATA_KEYS and metadata["recipe"] == SHAPES_RECIPE
     assert metadata["adapter"].endswith("checkpoint-2") and metadata["adapter_base"]
     assert metadata["max_new_tokens"] == 24  # the recipe's max_completion_length
-    assert metadata["dataset"]["seed"] == 2 and metadata["packages"]["transformers"]
+    assert metadata["dataset"]["eval"]["seed"] == 2 and metadata["packages"]["transformers"]
     summary = result["summary"]
     assert set(summary["rewards"]) == {"count_correct", "count_description", "count_reasoning", "count_format"}
     shapes = {r["shape"] for r in result["records"]}
