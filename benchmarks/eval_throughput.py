@@ -24,7 +24,8 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import EvalArguments, build_evaluator, run_evaluation
+from vision_grpo.eval.evaluate import EvalArguments, run_evaluation
+from vision_grpo.evaluator import build_evaluator
 from vision_grpo.modeling import get_peft_config, load_model, max_pixels_of
 
 

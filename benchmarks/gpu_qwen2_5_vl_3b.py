@@ -140,7 +140,8 @@ def stage_eval(model_dir: str, items: int, batch: int, single: int, workdir: str
 
     from vision_grpo.config import TaskArguments, parse_recipe
     from vision_grpo.data import get_dataset
-    from vision_grpo.eval.evaluate import EvalArguments, build_evaluator, run_evaluation
+    from vision_grpo.eval.evaluate import EvalArguments, run_evaluation
+    from vision_grpo.evaluator import build_evaluator
     from vision_grpo.modeling import max_pixels_of
 
     argv = ["--config", str(RECIPE), "--model_name_or_path", model_dir, "--shapes_eval_size", str(items)]

@@ -45,10 +45,12 @@ def main() -> None:
     from vision_grpo.callbacks import TensorBoardHParams, recipe_hparams
     from vision_grpo.data import get_dataset
     from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
+    from vision_grpo.recipe_run import RecipeRun
     from vision_grpo.rewards import get_recipe_rewards
     from vision_grpo.runs import write_run_start
+    from vision_grpo.stopping import GracefulStop
     from vision_grpo.tiny_model import build_replica
-    from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer
+    from vision_grpo.trainer import VisionGRPOTrainer
     from vision_grpo.visual_tokens import check_visual_tokens
 
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:

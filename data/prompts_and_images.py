@@ -99,6 +99,24 @@ def build_messages(text: str, image_position: ImagePosition, images: int = 1) ->
     return [{"role": "user", "content": content}]
 
 
+def fill_image(prompt: list[dict], image: Any) -> list[dict]:
+    """The prompt with its image placeholders holding the row's `image`, or its list of images one slot each in order
+    (how TRL and the evaluator feed the processor)."""
+    images = iter(image if isinstance(image, list) else [image])
+    filled = []
+    for message in prompt:
+        content = message["content"]
+        if isinstance(content, list):
+            content = [
+                {"type": "image", "image": next(images)}
+                if part["type"] == "image"
+                else {"type": "text", "text": part["text"]}
+                for part in content
+            ]
+        filled.append({"role": message["role"], "content": content})
+    return filled
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
     """Any PIL mode to RGB: transparency composited onto white, 16/32-bit greyscale scaled rather than clipped."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):

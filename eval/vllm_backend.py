@@ -15,7 +15,7 @@ from typing import Any
 
 from PIL import Image
 
-from vision_grpo.eval.evaluate import SEED, Evaluator
+from vision_grpo.evaluator import SEED, Evaluator
 from vision_grpo.modeling import resolve_model_path
 from vision_grpo.vllm_generation import check_engine_prompt, collapse_image_runs, pixel_kwargs, vision_logit_bias
 

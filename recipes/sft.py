@@ -16,7 +16,8 @@ from trl import SFTConfig, SFTTrainer
 
 from vision_grpo.data import get_dataset, with_sft_completions
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
-from vision_grpo.training import GracefulStop, RecipeRun
+from vision_grpo.recipe_run import RecipeRun
+from vision_grpo.stopping import GracefulStop
 
 logger = logging.getLogger("vision_grpo.sft")
 

@@ -16,8 +16,10 @@ from trl import GRPOConfig
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.data import get_dataset
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
+from vision_grpo.recipe_run import RecipeRun
 from vision_grpo.rewards import get_recipe_rewards
-from vision_grpo.training import GracefulStop, RecipeRun, VisionGRPOTrainer
+from vision_grpo.stopping import GracefulStop
+from vision_grpo.trainer import VisionGRPOTrainer
 from vision_grpo.visual_tokens import check_visual_tokens
 
 logger = logging.getLogger("vision_grpo.train")

@@ -216,7 +216,7 @@ def test_vllm_recipes_parse_and_our_code_imports_without_vllm() -> None:
     code = (
         "import runpy, sys\n"
         "from trl import GRPOConfig, ModelConfig\n"
-        "import vision_grpo.data, vision_grpo.rewards, vision_grpo.training, vision_grpo.eval.evaluate\n"
+        "import vision_grpo.data, vision_grpo.rewards, vision_grpo.trainer, vision_grpo.eval.evaluate\n"
         "from vision_grpo.config import TaskArguments, parse_recipe\n"
         "runpy.run_path('recipes/train.py')\n"
         "for recipe in sys.argv[1:]:\n"

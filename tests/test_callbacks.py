@@ -22,8 +22,8 @@ from trl import GRPOConfig, ModelConfig
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import Evaluator
 from vision_grpo.eval.scoring import summarize
+from vision_grpo.evaluator import Evaluator
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
 

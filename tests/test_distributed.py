@@ -28,7 +28,7 @@ import os
 import runpy
 import sys
 
-from vision_grpo import training
+from vision_grpo import recipe_run
 
 
 class RankClock(real.datetime):
@@ -37,7 +37,7 @@ class RankClock(real.datetime):
         return real.datetime.now(tz) + real.timedelta(seconds=2 * int(os.environ["RANK"]))
 
 
-training.datetime = RankClock
+recipe_run.datetime = RankClock
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -34,21 +34,14 @@ from vision_grpo.callbacks import HoldoutAccuracy
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
+from vision_grpo.data.prompts_and_images import fill_image
 from vision_grpo.eval import evaluate
 from vision_grpo.eval.adapters import AdapterMismatch, load_verified_adapter
-from vision_grpo.eval.evaluate import (
-    TIMING_KEYS,
-    EvalArguments,
-    Evaluator,
-    control_images,
-    default_max_new_tokens,
-    partial_path,
-    reproducible_argv,
-)
+from vision_grpo.eval.evaluate import TIMING_KEYS, EvalArguments, partial_path, reproducible_argv
 from vision_grpo.eval.scoring import summarize
+from vision_grpo.evaluator import Evaluator, control_images, default_max_new_tokens
 from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
 from vision_grpo.tiny_model import FAMILIES, build_tokenizer, qwen2_5_vl_config
-from vision_grpo.training import fill_image
 
 RECIPE_CLASSES = (TaskArguments, GRPOConfig, ModelConfig, EvalArguments)
 SHAPES_RECIPE = "recipes/shapes/tiny_cpu.yaml"

@@ -19,7 +19,7 @@ from trl import GRPOConfig, ModelConfig
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
-from vision_grpo.eval.evaluate import Evaluator
+from vision_grpo.evaluator import Evaluator
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of, vision_special_token_ids
 
 QWEN2_5, QWEN3_VL, QWEN3_5 = FAMILY_MODELS

@@ -21,7 +21,7 @@ from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa import GeoQADataError, drop_bad_rows, load_split, prepare
 from vision_grpo.data.geoqa_fixture import fixture_rows, write_fixture
-from vision_grpo.training import fill_image
+from vision_grpo.data.prompts_and_images import fill_image
 
 MAX_PIXELS = 168 * 168  # the tiny model's processor limit; any value works for the data itself
 TRAIN_ROWS = 300

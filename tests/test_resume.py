@@ -27,7 +27,8 @@ from conftest import FAMILY_MODELS, REPO, run_script
 from safetensors.torch import load_file
 from trl.trainer.utils import RepeatSampler
 
-from vision_grpo.training import TRAINER_STATE, EpochSeededSampler, resume_checkpoint
+from vision_grpo.recipe_run import TRAINER_STATE, resume_checkpoint
+from vision_grpo.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
 PROBE_PLUGIN = '''

@@ -18,7 +18,7 @@ from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.modeling import TINY_MODEL, freeze_vision_tower, get_peft_config, is_vision_parameter, load_model
-from vision_grpo.training import split_vision_param_group
+from vision_grpo.trainer import split_vision_param_group
 
 
 def tiny_model(**model_args) -> torch.nn.Module:

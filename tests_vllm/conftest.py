@@ -28,7 +28,7 @@ os.environ.update(
         "VISION_GRPO_CACHE": str(_SESSION_HOME / "vision_grpo"),
     }
 )
-RECIPE = "recipes/shapes/tiny_vllm_colocate.yaml"
+RECIPE = "recipes/shapes/tiny_cpu_vllm_colocate.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Run a project entry point in the CPU vLLM test environment, with the workarounds only vLLM's CPU backend needs.
 
-    python tests_vllm/cpu_launch.py [--unfixed-prompts] recipes/train.py --config recipes/shapes/tiny_vllm_colocate.yaml
+    python tests_vllm/cpu_launch.py [--unfixed-prompts] recipes/train.py \
+        --config recipes/shapes/tiny_cpu_vllm_colocate.yaml
 
 CPU-only (never in users' code paths; GPU installs need none of it):
 - Colocated weight sync: TRL loads each parameter with `model.load_weights([(name, param)])`, which fails on the CPU

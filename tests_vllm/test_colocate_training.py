@@ -14,7 +14,9 @@ from conftest import RECIPE, check, run_python
 from vision_grpo.logprob_guard import GAP_KEY, LogprobGapGuard
 
 THRESHOLD = LogprobGapGuard().threshold
-TRAIN = ["tests_vllm/cpu_launch.py", "recipes/train.py", "--config", RECIPE]
+# The recipe's own keys but 2 steps and no checkpoints (time).
+TRAIN = ["tests_vllm/cpu_launch.py", "recipes/train.py", "--config", RECIPE, "--max_steps", "2"]
+TRAIN += ["--save_strategy", "no"]
 MOVING_REWARD = ["--reward_dirs", "tests_vllm/rewards", "--reward_funcs", "shortness", "--reward_weights", "1.0"]
 
 

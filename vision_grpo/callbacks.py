@@ -17,8 +17,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import Evaluator, default_max_new_tokens
 from vision_grpo.eval.scoring import summarize
+from vision_grpo.evaluator import Evaluator, default_max_new_tokens
 from vision_grpo.modeling import max_pixels_of
 
 logger = logging.getLogger(__name__)

@@ -26,15 +26,8 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import (
-    SEED,
-    EvalArguments,
-    Evaluator,
-    build_evaluator,
-    default_max_new_tokens,
-    only_generation_config,
-    write_json_atomic,
-)
+from vision_grpo.eval.evaluate import EvalArguments, write_json_atomic
+from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, default_max_new_tokens, only_generation_config
 from vision_grpo.modeling import max_pixels_of
 from vision_grpo.runs import dataset_identity
 

@@ -13,7 +13,7 @@ from typing import Any
 import datasets
 from tqdm.auto import tqdm
 
-from vision_grpo.training import fill_image
+from vision_grpo.data.prompts_and_images import fill_image
 
 
 class VisualTokenMismatch(ValueError):

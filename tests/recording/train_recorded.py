@@ -18,7 +18,7 @@ from pathlib import Path
 
 from recorder import FORCE_ENV, force_vision_tokens, parameter_checksums, record
 
-from vision_grpo import modeling, training
+from vision_grpo import modeling, stopping, trainer
 from vision_grpo.modeling import is_vision_parameter
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "recipes" / "train.py"
@@ -36,7 +36,7 @@ def _param_groups(optimizer, model) -> list[dict]:
     ]
 
 
-class RecordingStop(training.GracefulStop):
+class RecordingStop(stopping.GracefulStop):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         record(
             "begin",
@@ -80,9 +80,9 @@ def _forcing(original):
 
 
 if __name__ == "__main__":
-    training.GracefulStop = RecordingStop
-    training.VisionGRPOTrainer._generate_single_turn = _recorded_generation(
-        training.VisionGRPOTrainer._generate_single_turn
+    stopping.GracefulStop = RecordingStop
+    trainer.VisionGRPOTrainer._generate_single_turn = _recorded_generation(
+        trainer.VisionGRPOTrainer._generate_single_turn
     )
     if os.environ.get(FORCE_ENV):
         modeling.load_model = _forcing(modeling.load_model)

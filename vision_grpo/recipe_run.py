@@ -1,35 +1,27 @@
-"""Pieces the entry points (`recipes/train.py`, `recipes/sft.py`) assemble around TRL's trainers.
+"""One run of an entry point (`recipes/train.py`, `recipes/sft.py`): the parsed recipe, its run folder (one for all
+ranks), resuming from the folder's last complete checkpoint, the run's record, and leaving together at the end.
 
-Nothing here re-implements training: the trainers are TRL's; we add the run folder, resuming from its last complete
-checkpoint, the visual-token check, the vision-tower learning rate, a data order that survives a resume across
-epochs, and a graceful stop on SIGINT/SIGTERM.
+Nothing here trains: the trainers are TRL's (vision_grpo/trainer.py adds what vision-language GRPO needs).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import torch
 from accelerate import PartialState
 from accelerate.utils import broadcast_object_list
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer, ModelConfig
-from trl.trainer.utils import RepeatSampler
+from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
-from vision_grpo.logprob_guard import LogprobGapGuard
-from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
 from vision_grpo.runs import dataset_identity, finished_step, write_run_end, write_run_start
 from vision_grpo.threads import configure_threads
-from vision_grpo.vllm_generation import VisionVLLMGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -169,126 +161,3 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
         missing = "does not exist" if not path.exists() else f"has no {TRAINER_STATE} (not a complete checkpoint)"
         raise FileNotFoundError(f"resume_from_checkpoint: {path} {missing}")
     return str(path)
-
-
-def fill_image(prompt: list[dict], image: Any) -> list[dict]:
-    """The prompt with its image placeholders holding the row's `image`, or its list of images one slot each in order
-    (how TRL and the evaluator feed the processor)."""
-    images = iter(image if isinstance(image, list) else [image])
-    filled = []
-    for message in prompt:
-        content = message["content"]
-        if isinstance(content, list):
-            content = [
-                {"type": "image", "image": next(images)}
-                if part["type"] == "image"
-                else {"type": "text", "text": part["text"]}
-                for part in content
-            ]
-        filled.append({"role": message["role"], "content": content})
-    return filled
-
-
-class VisionGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate, and
-    generation never samples a vision special token.
-
-    TRL suppresses only `image_token_id`: a sampled `<|vision_start|>` or `<|video_pad|>` reaches the training forward
-    pass inside the completion, where Qwen-VL models read it as the start of an image or video that has no features.
-    """
-
-    def __init__(self, *args: Any, vision_lr_scale: float | None = None, **kwargs: Any) -> None:
-        self.vision_lr_scale = vision_lr_scale
-        super().__init__(*args, **kwargs)
-        if not self.use_vllm:  # vLLM samples with its own logits processing
-            already = self.generation_kwargs.get("suppress_tokens") or []
-            suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
-            self.generation_kwargs["suppress_tokens"] = suppressed
-            self.generation_config.suppress_tokens = suppressed
-        else:  # un-expanded prompts into the engine, vision tokens biased away, the logprob gap guarded
-            VisionVLLMGeneration.of(self.vllm_generation, self.processing_class)
-            self.add_callback(LogprobGapGuard())
-
-    def _get_train_sampler(self, dataset=None):
-        sampler = super()._get_train_sampler(dataset)
-        return EpochSeededSampler.of(sampler) if isinstance(sampler, RepeatSampler) else sampler
-
-    def create_optimizer(self, model=None):
-        optimizer = super().create_optimizer(model)
-        if self.vision_lr_scale is not None:
-            split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
-        return optimizer
-
-
-def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
-    """Move trainable vision-tower parameters into groups whose learning rate is `scale` times the others'.
-
-    Idempotent: the Trainer may call `create_optimizer` twice for one optimizer (DeepSpeed does), and scaling the
-    vision groups again would give them `scale**2`.
-    """
-    vision_ids = {id(p) for n, p in model.named_parameters() if is_vision_parameter(n) and p.requires_grad}
-    if not vision_ids:
-        raise ValueError("vision_tower: scaled_lr, but the model has no trainable vision-tower parameters")
-    for group in list(optimizer.param_groups):
-        if group.get("vision_tower"):
-            continue
-        vision = [p for p in group["params"] if id(p) in vision_ids]
-        if not vision:
-            continue
-        group["params"] = [p for p in group["params"] if id(p) not in vision_ids]
-        optimizer.add_param_group({**group, "params": vision, "lr": group["lr"] * scale, "vision_tower": True})
-
-
-class EpochSeededSampler(RepeatSampler):
-    """TRL's RepeatSampler whose shuffle of epoch k is drawn from `seed + k`, whenever that epoch starts.
-
-    TRL's sampler draws each epoch's order from one generator seeded once, so a run resumed in epoch k>0 gets a fresh
-    generator and repeats epoch 0's order. The Trainer calls `set_epoch` at every epoch start (resumed or not);
-    reseeding there makes the order a function of (seed, epoch). Epoch 0 keeps TRL's order exactly.
-    """
-
-    @classmethod
-    def of(cls, sampler: RepeatSampler) -> EpochSeededSampler:
-        sampler.__class__ = cls
-        return sampler
-
-    def set_epoch(self, epoch: int) -> None:
-        if self.shuffle and self.seed is not None:
-            self.generator.manual_seed(self.seed + epoch)
-
-
-class GracefulStop(TrainerCallback):
-    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
-
-    With several processes the request is agreed at every step boundary (a max over the ranks), so all stop after
-    the same step even when the signal reached only one of them or reached them during different steps; a rank
-    that stopped alone would leave the others waiting in their next collective forever.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._request)
-
-    def _request(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
-        self.requested = True
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.agreed():
-            control.should_save = True
-            control.should_training_stop = True
-        return control
-
-    def agreed(self) -> bool:
-        """Whether any process was asked to stop."""
-        process = PartialState()
-        if process.num_processes == 1:
-            return self.requested
-        flag = torch.tensor([int(self.requested)], device=process.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())

@@ -1,0 +1,49 @@
+"""A graceful stop on SIGINT/SIGTERM for every entry point's trainer, agreed by all ranks at a step boundary."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import torch
+from accelerate import PartialState
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+
+class GracefulStop(TrainerCallback):
+    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
+
+    With several processes the request is agreed at every step boundary (a max over the ranks), so all stop after
+    the same step even when the signal reached only one of them or reached them during different steps; a rank
+    that stopped alone would leave the others waiting in their next collective forever.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._request)
+
+    def _request(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
+        self.requested = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.agreed():
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def agreed(self) -> bool:
+        """Whether any process was asked to stop."""
+        process = PartialState()
+        if process.num_processes == 1:
+            return self.requested
+        flag = torch.tensor([int(self.requested)], device=process.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())

@@ -1,0 +1,83 @@
+"""TRL's GRPOTrainer with what vision-language GRPO needs on top, as small named overrides: vision special tokens
+never sampled, vLLM prompts in the form the engine expects (with the logprob-gap guard), the vision tower's own
+learning rate, and a data order that survives a resume across epochs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from vision_grpo.logprob_guard import LogprobGapGuard
+from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
+from vision_grpo.vllm_generation import VisionVLLMGeneration
+
+
+class VisionGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate, and
+    generation never samples a vision special token.
+
+    TRL suppresses only `image_token_id`: a sampled `<|vision_start|>` or `<|video_pad|>` reaches the training forward
+    pass inside the completion, where Qwen-VL models read it as the start of an image or video that has no features.
+    """
+
+    def __init__(self, *args: Any, vision_lr_scale: float | None = None, **kwargs: Any) -> None:
+        self.vision_lr_scale = vision_lr_scale
+        super().__init__(*args, **kwargs)
+        if not self.use_vllm:  # vLLM samples with its own logits processing
+            already = self.generation_kwargs.get("suppress_tokens") or []
+            suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
+            self.generation_kwargs["suppress_tokens"] = suppressed
+            self.generation_config.suppress_tokens = suppressed
+        else:  # un-expanded prompts into the engine, vision tokens biased away, the logprob gap guarded
+            VisionVLLMGeneration.of(self.vllm_generation, self.processing_class)
+            self.add_callback(LogprobGapGuard())
+
+    def _get_train_sampler(self, dataset=None):
+        sampler = super()._get_train_sampler(dataset)
+        return EpochSeededSampler.of(sampler) if isinstance(sampler, RepeatSampler) else sampler
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model)
+        if self.vision_lr_scale is not None:
+            split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
+        return optimizer
+
+
+def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
+    """Move trainable vision-tower parameters into groups whose learning rate is `scale` times the others'.
+
+    Idempotent: the Trainer may call `create_optimizer` twice for one optimizer (DeepSpeed does), and scaling the
+    vision groups again would give them `scale**2`.
+    """
+    vision_ids = {id(p) for n, p in model.named_parameters() if is_vision_parameter(n) and p.requires_grad}
+    if not vision_ids:
+        raise ValueError("vision_tower: scaled_lr, but the model has no trainable vision-tower parameters")
+    for group in list(optimizer.param_groups):
+        if group.get("vision_tower"):
+            continue
+        vision = [p for p in group["params"] if id(p) in vision_ids]
+        if not vision:
+            continue
+        group["params"] = [p for p in group["params"] if id(p) not in vision_ids]
+        optimizer.add_param_group({**group, "params": vision, "lr": group["lr"] * scale, "vision_tower": True})
+
+
+class EpochSeededSampler(RepeatSampler):
+    """TRL's RepeatSampler whose shuffle of epoch k is drawn from `seed + k`, whenever that epoch starts.
+
+    TRL's sampler draws each epoch's order from one generator seeded once, so a run resumed in epoch k>0 gets a fresh
+    generator and repeats epoch 0's order. The Trainer calls `set_epoch` at every epoch start (resumed or not);
+    reseeding there makes the order a function of (seed, epoch). Epoch 0 keeps TRL's order exactly.
+    """
+
+    @classmethod
+    def of(cls, sampler: RepeatSampler) -> EpochSeededSampler:
+        sampler.__class__ = cls
+        return sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed + epoch)
