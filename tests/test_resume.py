@@ -25,9 +25,11 @@ import pytest
 import torch
 from conftest import FAMILY_MODELS, REPO, run_script
 from safetensors.torch import load_file
+from trl import GRPOConfig
 from trl.trainer.utils import RepeatSampler
 
-from vision_grpo.recipe_run import TRAINER_STATE, resume_checkpoint
+from vision_grpo.recipe_run import TRAINER_STATE, RecipeRun, RunConflict, resume_checkpoint
+from vision_grpo.runs import dataset_identity, write_run_start
 from vision_grpo.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
@@ -138,6 +140,54 @@ def test_an_explicit_checkpoint_must_exist_and_be_complete(tmp_path: Path) -> No
     partial = make_checkpoint(tmp_path, 6, complete=False)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resume_checkpoint(str(partial), tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run folder belongs to one run; a resume continues the same computation.
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def earlier_run(tmp_path: Path, argv: list[str]) -> Path:
+    """A run folder as a run of `argv` leaves it after its second checkpoint: recipe.yaml, manifest, checkpoint-2."""
+    run = RecipeRun.start(GRPOConfig, argv)
+    configs = (run.task_args, run.training_args, run.model_args)
+    write_run_start(run.run_dir, run.recipe_path, argv, configs, dataset=dataset_identity(run.task_args))
+    make_checkpoint(run.run_dir, 2)
+    return run.run_dir
+
+
+def test_a_fresh_run_in_a_folder_holding_a_run_is_refused_unless_overwritten(tmp_path: Path) -> None:
+    argv = training_args(tmp_path, "taken")[1:]
+    run_dir = earlier_run(tmp_path, argv)
+    before = folder_bytes(run_dir)
+    with pytest.raises(RunConflict, match=r"run folder .*taken already holds a run \(checkpoint-2, manifest.json, "):
+        RecipeRun.start(GRPOConfig, argv)
+    assert folder_bytes(run_dir) == before
+    with pytest.raises(RunConflict, match="--resume_from_checkpoint last .*--overwrite_run true .*--run_name"):
+        RecipeRun.start(GRPOConfig, argv)
+    RecipeRun.start(GRPOConfig, [*argv, "--overwrite_run", "true"])
+    assert not run_dir.exists(), "the earlier run was kept, to be mixed with the new one"
+
+
+def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(tmp_path: Path) -> None:
+    argv = training_args(tmp_path, "r")[1:]
+    run_dir = earlier_run(tmp_path, argv)
+    before = folder_bytes(run_dir)
+    changed = [*argv, "--resume_from_checkpoint", "last", "--learning_rate", "1e-5", "--num_generations", "2"]
+    with pytest.raises(RunConflict) as refused:
+        RecipeRun.start(GRPOConfig, changed)
+    assert str(refused.value).startswith(f"cannot resume {run_dir / 'checkpoint-2'}: ")
+    changes = str(refused.value).split("(", 1)[1].split(");", 1)[0].split("; ")
+    assert sorted(changes) == ["learning_rate: 0.001 then, 1e-05 now", "num_generations: 4 then, 2 now"]
+    assert "list the keys in resume_allow_changes to accept them" in str(refused.value)
+    assert folder_bytes(run_dir) == before
+    allowed = RecipeRun.start(GRPOConfig, [*changed, "--resume_allow_changes", "learning_rate", "num_generations"])
+    assert allowed.resume_from == str(run_dir / "checkpoint-2")
+    longer = RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--max_steps", "50"])
+    assert longer.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
 
 
 # ---------------------------------------------------------------------------------------------------------------------

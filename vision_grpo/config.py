@@ -80,6 +80,14 @@ class BaseTaskArguments:
     # Held-out accuracy during training.
     holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
     holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
+    # Reusing a run folder.
+    overwrite_run: bool = field(
+        default=False, metadata={"help": "Delete the earlier run in this run folder and start over."}
+    )
+    resume_allow_changes: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Recipe keys a resumed run may change from the run it continues (e.g. `learning_rate`)."},
+    )
 
     def __post_init__(self) -> None:
         if self.vision_tower not in ("train", "freeze", "scaled_lr"):

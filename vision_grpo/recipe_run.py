@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,10 +22,14 @@ from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
-from vision_grpo.runs import dataset_identity, finished_step, write_run_end, write_run_start
+from vision_grpo.runs import dataset_identity, finished_step, resume_changes, write_run_end, write_run_start
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger(__name__)
+
+
+class RunConflict(ValueError):
+    """A run folder that holds another run, or a resume that would continue a run with other settings."""
 
 
 @dataclass
@@ -47,17 +53,25 @@ class RecipeRun:
     def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
         """Parse the recipe (fails on any bad key before loading anything) and set up the run folder.
 
-        A resumed run that already reached its `max_steps` is `finished`: the entry point then stops without
-        loading anything or touching the folder. With a larger `max_steps` it continues from its last checkpoint.
+        A run folder is one run's: a fresh start in a folder that holds files is refused (unless `overwrite_run`,
+        which deletes them first), and a resume that would compute anything differently from the run it continues
+        is refused listing the differences (unless `resume_allow_changes` names them); a refused run changes
+        nothing. A resumed run that already reached its `max_steps` is `finished`: the entry point then stops
+        without loading anything or touching the folder. With a larger `max_steps` it continues from its last
+        checkpoint.
         """
-        task_args, training_args, model_args = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
+        configs = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
+        task_args, training_args, model_args = configs
         configure_threads()
         recipe_path = recipe_path_of(argv)
         run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
         resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
         is_main = PartialState().is_main_process
         run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
-        if resume_from is not None:
+        if resume_from is None:
+            decided_by_main_process(lambda: claim_run_dir(run_dir, task_args.overwrite_run))
+        else:
+            decided_by_main_process(lambda: check_resume(resume_from, recipe_path, argv, configs))
             step = finished_step(run_dir, training_args.max_steps, training_args.num_train_epochs)
             if step is not None:
                 logger.warning(
@@ -101,6 +115,48 @@ class RecipeRun:
         state.wait_for_everyone()
         state.destroy_process_group()
         return self.run_dir
+
+
+def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A fresh run's folder must be empty: an earlier run's checkpoints and events would be mixed with this one's,
+    and a later `resume_from_checkpoint last` would continue the earlier run. `overwrite` deletes them instead."""
+    held = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if held and overwrite:
+        logger.warning("overwrite_run: deleting the earlier run in %s (%s)", run_dir, ", ".join(held))
+        shutil.rmtree(run_dir)
+    elif held:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise RunConflict(
+            f"run folder {run_dir} already holds a run ({shown}): pass --resume_from_checkpoint last to continue it, "
+            "--overwrite_run true to delete it and start over, or choose another --run_name"
+        )
+
+
+def check_resume(resume_from: str, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...]) -> None:
+    """Refuse to continue a checkpoint with settings that compute differently from its run's (its folder's
+    `recipe.yaml` and manifest), unless the recipe's `resume_allow_changes` names the keys."""
+    allowed = configs[0].resume_allow_changes
+    changes = resume_changes(Path(resume_from).parent, recipe_path, argv, configs, allowed)
+    if changes:
+        raise RunConflict(
+            f"cannot resume {resume_from}: this run would compute differently from the run it continues "
+            f"({'; '.join(changes)}); restore those values, list the keys in resume_allow_changes to accept them, "
+            "or start a new run under another --run_name"
+        )
+
+
+def decided_by_main_process(check: Callable[[], None]) -> None:
+    """Run `check` on the main process only; if it raised, every process raises the same error, so no rank starts
+    (or waits for a main process that has left) and no two ranks decide differently on a shared folder."""
+    problem = None
+    if PartialState().is_main_process:
+        try:
+            check()
+        except ValueError as error:
+            problem = (type(error), str(error))
+    problem = from_main_process(problem)
+    if problem:
+        raise problem[0](problem[1])
 
 
 def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:

@@ -8,9 +8,11 @@ and whether the tree was dirty, hardware, start and end time; the entry point ad
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
+import secrets
 import subprocess
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
@@ -76,6 +78,70 @@ def resolved_recipe(keys: list[str], configs: tuple[Any, ...]) -> dict[str, Any]
     return {key: values[key] for key in keys if key in values}
 
 
+# Keys a resumed run may change without being told: where and how often it records and saves, what it checks
+# before starting, and the run's length (a finished run continues when `max_steps` grows).
+RESUME_FREE_KEYS = frozenset(
+    {
+        "output_dir",
+        "run_name",
+        "resume_from_checkpoint",
+        "resume_allow_changes",
+        "overwrite_run",
+        "max_steps",
+        "num_train_epochs",
+        "report_to",
+        "logging_steps",
+        "logging_first_step",
+        "save_steps",
+        "save_strategy",
+        "save_total_limit",
+        "token_check_samples",
+        "log_completions",
+        "num_completions_to_print",
+        "dataloader_num_workers",
+    }
+)
+
+
+def _default(configs: tuple[Any, ...], key: str) -> Any:
+    """The value a run got for `key` when neither its recipe nor its command line set it: the field's default."""
+    for config in configs:
+        for f in dataclasses.fields(config):
+            if f.name == key:
+                value = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                return value.value if hasattr(value, "value") else value
+    return None
+
+
+def resume_changes(
+    earlier_run: Path, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], allowed: list[str]
+) -> list[str]:
+    """What a resumed run would compute differently from the run it continues, one `key: then, now` line each;
+    `configs` as parsed (the task arguments first).
+
+    Compared: every key either run set (a key one run left unset had its default), except `RESUME_FREE_KEYS` and
+    `allowed`, and the dataset's identity in the manifest. An earlier run with no `recipe.yaml` cannot be compared.
+    """
+    recorded = earlier_run / "recipe.yaml"
+    if not recorded.is_file():
+        return []
+    then = yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}
+    keys = list(dict.fromkeys([*then, *set_keys(recipe_path, argv)]))
+    now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs), allow_unicode=True)) or {}
+    changes = []
+    for key in keys:
+        if key in RESUME_FREE_KEYS or key in allowed:
+            continue
+        before, after = then.get(key, _default(configs, key)), now.get(key, _default(configs, key))
+        if before != after:
+            changes.append(f"{key}: {before!r} then, {after!r} now")
+    manifest = read_manifest(earlier_run) or {}
+    data_now = json.loads(json.dumps(dataset_identity(configs[0]), default=str))
+    if "dataset" in manifest and "dataset" not in allowed and manifest["dataset"] != data_now:
+        changes.append(f"dataset: {manifest['dataset']!r} then, {data_now!r} now")
+    return changes
+
+
 def dataset_identity(task_args: Any) -> dict[str, Any]:
     """Which data a run or an evaluation saw, as the recipe's task declares it (source and pinned revision, or a
     generator's settings); manifests and result files record the same."""
@@ -97,7 +163,7 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = resolved_recipe(set_keys(recipe_path, argv), configs)
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     earlier = read_manifest(run_dir) if extra.get("resumed_from") else None
     resumes = [] if earlier is None else [*earlier.get("resumes", []), {"at": now, "from": extra["resumed_from"]}]
@@ -147,10 +213,29 @@ def write_run_end(run_dir: Path, **extra: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` through a temporary file and rename: the final name never holds a partial file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    """Write `text` through a temporary file and rename: the final name never holds a partial file.
+
+    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as sink:  # the process's umask applies, as for any file it writes
+            sink.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def content_digest(files: list[Path]) -> str:
+    """sha256 over the names and bytes of `files`: what identifies weights by content, whatever their path."""
+    digest = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as source:
+            while chunk := source.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
