@@ -12,17 +12,21 @@ task. The model goes to the GPU (or MPS) when there is one, in the recipe's dtyp
 generation config of our own (nothing from the checkpoint's `generation_config.json`), recorded in the result, in
 batches of prompts of similar length, left-padded; answers do not depend on the batch size or the number of
 processes. Records are appended to `<output>.partial.jsonl` as they finish (after a header line holding the run's
-settings), so `--resume` continues an interrupted run with the same settings; the final JSON is written atomically.
+settings, the model's and adapter's weights by content among them), so `--resume` continues an interrupted run with
+the same settings and weights; the final JSON is written atomically. One evaluation at a time writes an output (a
+lock, `<output>.lock`), and an existing result or partial file is never replaced without `--overwrite`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sys
 import time
-from collections.abc import Iterable
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +40,12 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.adapters import adapter_base_model, check_adapter_dir
+from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base_model, check_adapter_dir
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, control_images, default_max_new_tokens
-from vision_grpo.modeling import max_pixels_of
-from vision_grpo.recipe_run import from_main_process
-from vision_grpo.runs import dataset_identity, package_versions, write_text_atomic
+from vision_grpo.modeling import max_pixels_of, resolve_model_path
+from vision_grpo.recipe_run import decided_by_main_process, from_main_process
+from vision_grpo.runs import content_digest, dataset_identity, package_versions, write_text_atomic
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger("vision_grpo.evaluate")
@@ -65,6 +69,9 @@ class EvalArguments:
     )
     limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N examples."})
     resume: bool = field(default=False, metadata={"help": "Continue from `<output>.partial.jsonl`."})
+    overwrite: bool = field(
+        default=False, metadata={"help": "Replace an existing `<output>` and drop an interrupted run's records."}
+    )
     image_control: str = field(
         default="none", metadata={"help": "`none`, `blank` (white canvas) or `shuffled` (another item's image)."}
     )
@@ -91,6 +98,12 @@ class EvalArguments:
             raise ValueError(f"device_map must be `auto` or unset, got {self.device_map!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.resume and self.overwrite:
+            raise ValueError("--resume keeps an interrupted run's records and --overwrite drops them: pass one")
+
+
+class OutputConflict(ValueError):
+    """An output another evaluation is writing, or one that holds results this run would replace or mix with."""
 
 
 def partial_path(output: Path) -> Path:
@@ -103,34 +116,119 @@ def _json_safe(content: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(content, ensure_ascii=False))
 
 
-def read_partial(partial: Path, metadata: dict[str, Any]) -> dict[str, dict]:
-    """The records of an interrupted run, by id; refused if that run had other settings.
+def partial_entries(partial: Path) -> list[dict[str, Any]]:
+    """The header and records of a partial file, line by line.
 
-    A line cut by a kill is incomplete JSON: it is dropped, and its example is evaluated again.
+    A line cut by a kill or a full disk is incomplete JSON, possibly ending inside a multi-byte character: each
+    line is decoded on its own, so such a line is dropped (its example is evaluated again) and the rest is kept.
     """
     entries = []
-    for line in partial.read_text(encoding="utf-8").splitlines():
+    for line in partial.read_bytes().splitlines():
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
+            entries.append(json.loads(line.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
+    return entries
+
+
+def read_partial(partial: Path, metadata: dict[str, Any], known_only: bool = False) -> dict[str, dict]:
+    """The records of an interrupted run, by id; refused if that run had other settings.
+
+    Compared are the header's keys and `metadata`'s (only `metadata`'s with `known_only`: before the model loads,
+    some are not known yet), except those that change no record (`RESUME_FREE_KEYS`).
+    """
+    entries = partial_entries(partial)
     if not entries:
         return {}
     header, *records = entries
     if "metadata" not in header:
-        raise ValueError(f"{partial} does not start with the settings header of an evaluation; delete it")
-    current = _json_safe(metadata)
-    differing = sorted(
-        key
-        for key in set(header["metadata"]) | set(current)
-        if key not in RESUME_FREE_KEYS and header["metadata"].get(key) != current.get(key)
-    )
+        raise OutputConflict(
+            f"{partial} does not start with the settings header of an evaluation: pass --overwrite to start over"
+        )
+    then, now = header["metadata"], _json_safe(metadata)
+    differing = [
+        f"{key}: {then.get(key)!r} then, {now.get(key)!r} now"
+        for key in sorted(set(now) if known_only else set(then) | set(now))
+        if key not in RESUME_FREE_KEYS and then.get(key) != now.get(key)
+    ]
     if differing:
-        raise ValueError(
-            f"cannot resume: {partial} was written with other settings ({', '.join(differing)}); "
-            "run without --resume to start over"
+        raise OutputConflict(
+            f"cannot resume: {partial} was written with other settings or weights ({'; '.join(differing)}); "
+            "pass --overwrite to start over, or choose another --output"
         )
     return {record["id"]: record for record in records}
+
+
+@contextmanager
+def hold_output(output: Path) -> Iterator[None]:
+    """Hold `<output>.lock` while the block runs: a second evaluation of the same output fails at once, naming the
+    process that holds it, instead of deleting or mixing into this one's files. The lock file is removed after."""
+    lock = output.with_name(output.name + ".lock")
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 20).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputConflict(
+                f"another evaluation (pid {holder}) is writing {output}: wait for it to end or choose another --output"
+            ) from None
+        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # locked a file its last holder removed on leaving: lock the one at the path now
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def check_output(eval_args: EvalArguments, settings: dict[str, Any]) -> None:
+    """Refuse, before any model loads, to replace a finished result or an interrupted run's records without
+    `--overwrite`, and to resume a run made with other `settings` (those known before loading, weights included)."""
+    output = Path(eval_args.output)
+    partial = partial_path(output)
+    if eval_args.overwrite:
+        return
+    if output.exists():
+        raise OutputConflict(
+            f"{output} already holds a result: pass --overwrite to replace it, or choose another --output"
+        )
+    if partial.exists() and not eval_args.resume:
+        held = max(len(partial_entries(partial)) - 1, 0)
+        raise OutputConflict(
+            f"{partial} holds {held} record(s) of an interrupted evaluation: pass --resume to continue it, "
+            "--overwrite to start over, or choose another --output"
+        )
+    if partial.exists():
+        read_partial(partial, settings, known_only=True)
+
+
+def claim_output(eval_args: EvalArguments, settings: dict[str, Any], stack: ExitStack) -> None:
+    """The main process locks the output (held until `stack` closes) and checks it; every process stops if it failed."""
+
+    def claim() -> None:
+        stack.enter_context(hold_output(Path(eval_args.output)))
+        check_output(eval_args, settings)
+
+    decided_by_main_process(claim)
+
+
+def weights_identity(model_args: ModelConfig, adapter: str | None) -> dict[str, Any]:
+    """The model and adapter by content: sha256 of a local (or embedded) model's weights and config, else the Hub id
+    with its revision; sha256 of the adapter's files. A resume then refuses other weights under the same path."""
+    model = Path(resolve_model_path(model_args.model_name_or_path))
+    files = [*sorted(model.glob("*.safetensors")), model / "config.json"] if model.is_dir() else []
+    by_name = {"id": model_args.model_name_or_path, "revision": model_args.model_revision}
+    return {
+        "model_weights": {"sha256": content_digest(files)} if files else by_name,
+        "adapter_weights": content_digest([Path(adapter) / ADAPTER_WEIGHTS, Path(adapter) / ADAPTER_CONFIG])
+        if adapter
+        else None,
+    }
 
 
 def write_partial(partial: Path, metadata: dict[str, Any], records: Iterable[dict[str, Any]]) -> None:
@@ -233,31 +331,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     task_args, train_args, model_args, eval_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv
     )
-    # Fail on paths before the (possibly large) model is loaded.
+    # Fail on paths, the output's owner and a resume's settings before the (possibly large) model is loaded.
     output = Path(eval_args.output)
     if not output.parent.is_dir():
         raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
+    if not os.access(output.parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output folder {output.parent} is not writable: choose another --output")
     if eval_args.adapter:
         check_adapter_dir(eval_args.adapter)
     configure_threads()
     state = PartialState()
-    torch.manual_seed(SEED)
-    evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
-    dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
-    if eval_args.limit:
-        dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
     max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)
-    metadata = {
+    settings = {
         "recipe": recipe_path_of(argv),
         "argv": reproducible_argv(argv),
         "task": task_args.task,
         "model": model_args.model_name_or_path,
         "adapter": eval_args.adapter,
         "adapter_base": adapter_base_model(eval_args.adapter) if eval_args.adapter else None,
+        **from_main_process(weights_identity(model_args, eval_args.adapter) if state.is_main_process else None),
         "merged": eval_args.merge_adapter and eval_args.adapter is not None,
         "dataset": dataset_identity(task_args),
         "dataset_revision": task_args.dataset_revision,
-        "max_pixels": max_pixels_of(processor),
         "chat_template_kwargs": train_args.chat_template_kwargs or {},
         "image_control": eval_args.image_control,
         "max_new_tokens": max_new_tokens,
@@ -265,13 +360,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_processes": state.num_processes,
         "decoding": "greedy",
         "backend": eval_args.backend,
-        "generation_config": evaluator.decoding(max_new_tokens),
-        "dtype": str(evaluator.model.dtype).removeprefix("torch."),
-        "device": evaluator.model.device.type,
         "seed": SEED,
         "packages": package_versions(),
     }
-    result = run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
+    with ExitStack() as held:
+        claim_output(eval_args, settings, held)
+        torch.manual_seed(SEED)
+        evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
+        dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
+        if eval_args.limit:
+            dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
+        metadata = {
+            **settings,
+            "max_pixels": max_pixels_of(processor),
+            "generation_config": evaluator.decoding(max_new_tokens),
+            "dtype": str(evaluator.model.dtype).removeprefix("torch."),
+            "device": evaluator.model.device.type,
+        }
+        result = run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
     if state.num_processes > 1:
         state.destroy_process_group()  # leave together (see RecipeRun.train_and_save)
     return result

@@ -311,6 +311,97 @@ def test_output_in_a_missing_folder_fails_at_once(tmp_path: Path) -> None:
         evaluate.main(["--config", SHAPES_RECIPE, "--output", str(tmp_path / "missing" / "eval.json")])
 
 
+def _header_and_records(records: int) -> bytes:
+    """A partial file's bytes: a settings header, then `records` records whose text is not ASCII."""
+    lines = [{"metadata": {"model": "m"}}, *({"id": f"r{i}", "text": "é∑ 数"} for i in range(records))]
+    return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+
+
+def test_a_finished_result_is_not_replaced_without_overwrite(tmp_path: Path) -> None:
+    output = tmp_path / "eval.json"
+    output.write_text('{"summary": {}}')
+    with pytest.raises(evaluate.OutputConflict, match=r"eval.json already holds a result: pass --overwrite"):
+        evaluate.main(["--config", SHAPES_RECIPE, "--output", str(output)])
+    assert output.read_text() == '{"summary": {}}'
+
+
+def test_an_interrupted_evaluation_is_not_thrown_away_without_resume(tmp_path: Path) -> None:
+    output = tmp_path / "eval.json"
+    partial_path(output).write_bytes(_header_and_records(2))
+    before = partial_path(output).read_bytes()
+    with pytest.raises(evaluate.OutputConflict, match=r"holds 2 record\(s\) .*--resume .*--overwrite"):
+        evaluate.main(["--config", SHAPES_RECIPE, "--output", str(output)])
+    assert partial_path(output).read_bytes() == before and not output.exists()
+
+
+def test_a_partial_file_cut_inside_a_character_resumes_from_its_complete_lines(tmp_path: Path) -> None:
+    partial = tmp_path / "eval.json.partial.jsonl"
+    whole = _header_and_records(3)
+    partial.write_bytes(whole[: whole.rindex("数".encode()) + 1])  # the last record cut inside a 3-byte character
+    assert set(evaluate.read_partial(partial, {"model": "m"})) == {"r0", "r1"}
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from vision_grpo.eval.evaluate import hold_output
+
+with hold_output(Path(sys.argv[1])):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+
+
+def test_a_second_evaluation_of_one_output_fails_at_once_naming_the_first(tmp_path: Path) -> None:
+    """Two real processes: one holds the output (as a running evaluation does); the second evaluation stops before
+    loading anything and writes nothing; the lock file goes with its holder."""
+    output = tmp_path / "eval.json"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(output)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = run_script(["eval/evaluate.py", "--config", SHAPES_RECIPE, "--output", str(output)], check=False)
+    finally:
+        holder.communicate(timeout=60)
+    assert second.returncode == 1
+    assert f"another evaluation (pid {holder.pid}) is writing {output}" in second.stderr.strip().splitlines()[-1]
+    assert holder.returncode == 0 and list(tmp_path.iterdir()) == [], "the lock file or a partial file was left"
+
+
+@pytest.mark.slow
+def test_resuming_after_the_adapter_changed_is_refused_before_the_model_loads(
+    trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter, output = tmp_path / "adapter", tmp_path / "eval.json"
+    shutil.copytree(trained_run / "checkpoint-2", adapter)
+    args = ["--config", SHAPES_RECIPE, "--adapter", str(adapter), "--limit", "4", "--batch_size", "2"]
+    args += ["--max_new_tokens", "4", "--output", str(output)]
+    original, calls = Evaluator.generate, []
+
+    def interrupted(self: Evaluator, rows: list[dict], images: list, max_new_tokens: int) -> list[dict]:
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C after the first batch
+        return original(self, rows, images, max_new_tokens)
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(Evaluator, "generate", interrupted)
+        evaluate.main(args)
+    assert len(_records_in(partial_path(output))) == 2
+    weights = load_file(str(adapter / "adapter_model.safetensors"))
+    save_file({name: tensor * 2 for name, tensor in weights.items()}, str(adapter / "adapter_model.safetensors"))
+    before = partial_path(output).read_bytes()
+
+    def not_loaded(*args, **kwargs) -> None:
+        raise AssertionError("the model was loaded before the resume was refused")
+
+    monkeypatch.setattr(evaluate, "build_evaluator", not_loaded)
+    with pytest.raises(evaluate.OutputConflict, match=r"cannot resume: .* \(adapter_weights: '[0-9a-f]{64}' then"):
+        evaluate.main([*args, "--resume"])
+    assert partial_path(output).read_bytes() == before
+
+
 class _Collect(logging.Handler):
     def __init__(self) -> None:
         super().__init__()

@@ -106,7 +106,10 @@ class StageClock:
 
 
 def run_stage(script: str, recipe: str, runs_dir: Path, run_name: str, extra: list[str], fresh: bool) -> Path:
-    """Run a training entry point unless its run folder already finished; return the run folder."""
+    """Run a training entry point unless its run folder already finished; return the run folder.
+
+    An unfinished (or, with `fresh`, any) earlier run in the folder is replaced (`--overwrite_run`), not mixed with.
+    """
     output_dir = runs_dir / Path(recipe).parent.name / Path(recipe).stem
     run_dir = output_dir / run_name
     manifest = run_dir / "manifest.json"
@@ -114,6 +117,7 @@ def run_stage(script: str, recipe: str, runs_dir: Path, run_name: str, extra: li
         print(f"reusing {run_dir} (finished earlier; --fresh to redo)")
         return run_dir
     command = [sys.executable, script, "--config", recipe, "--output_dir", str(output_dir), "--run_name", run_name]
+    command += ["--overwrite_run", "true"]
     print(" ".join(command[1:] + extra), flush=True)
     subprocess.run(command + extra, cwd=REPO, check=True)
     return run_dir
@@ -146,10 +150,10 @@ def control_steps(warm_run: Path, grpo_run: Path) -> int:
 def evaluate(model: Path, name: str, results_dir: Path, extra: list[str], control: str) -> dict:
     """Greedy evaluation of `model` on the GRPO recipe's held-out images (same prompts and pixels as training).
 
-    Always redone (seconds): a result file must belong to the models the stages above produced.
+    Always redone (seconds, `--overwrite`): a result file must belong to the models the stages above produced.
     """
     argv = ["--config", GRPO_RECIPE, "--model_name_or_path", str(model), "--output", str(results_dir / f"{name}.json")]
-    return evaluate_main([*argv, "--batch_size", str(EVAL_BATCH), "--image_control", control, *extra])
+    return evaluate_main([*argv, "--batch_size", str(EVAL_BATCH), "--image_control", control, "--overwrite", *extra])
 
 
 def sample(model: Path, name: str, results_dir: Path, extra: list[str]) -> dict:
