@@ -386,13 +386,32 @@ TABLE = REPO / "docs" / "bad_inputs.md"
 TEST_REFERENCE = re.compile(r"(test_\w+\.py)?::(test_\w+)(?:\[([^\]]+)\])?")
 
 
+CATEGORIES = {"concurrency", "resume identity", "data loss", "late error", "message", "robustness", "safety"}
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """Every row of the markdown tables in `text`, as {column name: cell}; columns are read by their header's name."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if header is None:
+            header = cells
+        elif set(line) - set("|-"):
+            assert len(cells) == len(header), f"{len(cells)} cells under {len(header)} columns: {line}"
+            rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
 def test_every_test_named_in_the_bad_input_table_exists() -> None:
-    rows = [line for line in TABLE.read_text(encoding="utf-8").splitlines() if line.startswith("| ") and "::" in line]
+    rows = table_rows(TABLE.read_text(encoding="utf-8"))
     assert len(rows) >= 50
     for row in rows:
-        cell = row.rstrip(" |").rsplit(" | ", 1)[-1]
+        assert row.get("category") in CATEGORIES, f"category must be one of {sorted(CATEGORIES)}: {row}"
         file = None
-        for match in TEST_REFERENCE.finditer(cell):
+        for match in TEST_REFERENCE.finditer(row["test"]):
             file = match.group(1) or file
             assert file, f"{match.group(0)} names no file: {row}"
             module = importlib.import_module(file.removesuffix(".py"))
@@ -401,6 +420,7 @@ def test_every_test_named_in_the_bad_input_table_exists() -> None:
             if match.group(3):  # a parametrized case: its id must be one of the test's
                 ids = {i for mark in getattr(test, "pytestmark", []) if mark.name == "parametrize" for i in _ids(mark)}
                 assert match.group(3) in ids, f"{file}::{match.group(2)} has no case [{match.group(3)}]: {ids}"
+        assert TEST_REFERENCE.search(row["test"]), f"no test named: {row}"
 
 
 def _ids(mark: pytest.Mark) -> list[str]:
