@@ -100,6 +100,12 @@ ENTRY_POINT_CASES = {
     "empty dataset": (["--shapes_train_size", "0"], ValueError, "the shapes train dataset is empty after filtering"),
     "huge canvas": (["--shapes_canvas", "9000"], RecipeError, "shapes_canvas: 9000px squared exceeds 64,000,000"),
     "nothing to resume": (["--resume_from_checkpoint", "last"], FileNotFoundError, "no complete checkpoint in"),
+    "no completion tokens": (
+        ["--max_completion_length", "0"],
+        RecipeError,
+        r"tiny_cpu.yaml: max_completion_length must be at least 1, got 0; set `max_completion_length` to 1 or more",
+    ),
+    "negative learning rate": (["--learning_rate=-1e-5"], RecipeError, "learning_rate must be at least 0, got -1e-05"),
 }
 
 

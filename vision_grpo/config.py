@@ -261,6 +261,7 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     except ValueError as error:  # argparse's, our checks', or a trainer config's own (GRPOConfig's batch arithmetic)
         raise RecipeError(f"{where}: {error}") from None
     _check_reward_weights(parsed, where)
+    _check_lower_bounds(parsed, where)
     return parsed
 
 
@@ -297,6 +298,19 @@ def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
             f"{where}: reward_weights has {len(weights)} values {list(weights)} but reward_funcs names "
             f"{len(funcs)} rewards {list(funcs)}; give one weight per reward"
         )
+
+
+# Trainer keys whose bad values TRL or torch refuse only once the model has loaded (a negative learning rate, when
+# the optimizer is built), or that would generate nothing to learn from (no completion tokens).
+LOWER_BOUNDS = {"max_completion_length": 1, "learning_rate": 0}
+
+
+def _check_lower_bounds(parsed: tuple[Any, ...], where: str) -> None:
+    for config in parsed:
+        for key, low in LOWER_BOUNDS.items():
+            value = getattr(config, key, None)
+            if value is not None and value < low:
+                raise RecipeError(f"{where}: {key} must be at least {low}, got {value}; set `{key}` to {low} or more")
 
 
 def recipe_path_of(argv: list[str]) -> str | None:
