@@ -101,12 +101,12 @@ def guard_violations(tmp_path: Path) -> list[dict]:
 # Which checkpoint a run resumes from.
 
 
-def make_checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
+def make_checkpoint(run_dir: Path, step: int, complete: bool = True, state: bytes = b'{"global_step": 1}') -> Path:
     folder = run_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "adapter_model.safetensors").write_bytes(b"")
     if complete:
-        (folder / TRAINER_STATE).write_text("{}")
+        (folder / TRAINER_STATE).write_bytes(state)
     return folder
 
 
@@ -122,9 +122,11 @@ def test_last_is_the_newest_complete_checkpoint(tmp_path: Path, value, caplog: p
     newest = make_checkpoint(tmp_path, 10)  # 10 > 9 numerically, though "checkpoint-10" < "checkpoint-9" as text
     make_checkpoint(tmp_path, 9)
     make_checkpoint(tmp_path, 12, complete=False)  # killed while saving
+    make_checkpoint(tmp_path, 14, state='{"log_history": [{"note": "é"'.encode()[:-2])  # cut inside a character
     with caplog.at_level(logging.WARNING):
         assert resume_checkpoint(value, tmp_path) == str(newest)
-    assert "checkpoint-12" in caplog.text and "cut off while saving" in caplog.text
+    assert "checkpoint-12: no trainer_state.json (cut off while saving)" in caplog.text
+    assert "checkpoint-14: a trainer_state.json cut short (cut off while saving)" in caplog.text
 
 
 def test_last_without_any_complete_checkpoint_says_how_to_resume(tmp_path: Path) -> None:
@@ -138,8 +140,11 @@ def test_an_explicit_checkpoint_must_exist_and_be_complete(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError, match="checkpoint-5 does not exist"):
         resume_checkpoint(str(tmp_path / "checkpoint-5"), tmp_path)
     partial = make_checkpoint(tmp_path, 6, complete=False)
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    with pytest.raises(FileNotFoundError, match="has no trainer_state.json \\(not a complete checkpoint"):
         resume_checkpoint(str(partial), tmp_path)
+    cut = make_checkpoint(tmp_path, 7, state=b'{"global_step": ')
+    with pytest.raises(FileNotFoundError, match="has a trainer_state.json cut short \\(not a complete checkpoint"):
+        resume_checkpoint(str(cut), tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Nothing here trains: the trainers are TRL's (vision_grpo/trainer.py adds what vi
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -194,7 +195,7 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
     """The checkpoint a run resumes from: `resume_from_checkpoint` as a path, or `true`/`last` for the run folder's
     last complete checkpoint (rerun with the same `output_dir` and `run_name`). None: start from scratch.
 
-    A checkpoint cut off by a kill while saving has no `trainer_state.json`; it is skipped, not loaded half-way.
+    A checkpoint cut off by a kill while saving (see `checkpoint_fault`) is skipped, naming why, not loaded half-way.
     """
     if value is None or value is False or str(value).lower() in ("", "false", "none"):
         return None
@@ -203,9 +204,10 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
             (p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
             key=lambda p: int(p.name.split("-")[-1]),
         )
-        for partial in [p for p in complete if not (p / TRAINER_STATE).is_file()]:
-            logger.warning("skipping %s: no %s (cut off while saving)", partial, TRAINER_STATE)
-        complete = [p for p in complete if (p / TRAINER_STATE).is_file()]
+        faults = {p: checkpoint_fault(p) for p in complete}
+        for partial in [p for p in complete if faults[p]]:
+            logger.warning("skipping %s: %s (cut off while saving)", partial, faults[partial])
+        complete = [p for p in complete if not faults[p]]
         if not complete:
             raise FileNotFoundError(
                 f"resume_from_checkpoint={value}: no complete checkpoint in {run_dir}; rerun with the interrupted "
@@ -213,7 +215,21 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
             )
         return str(complete[-1])
     path = Path(str(value)).expanduser()
-    if not (path / TRAINER_STATE).is_file():
-        missing = "does not exist" if not path.exists() else f"has no {TRAINER_STATE} (not a complete checkpoint)"
-        raise FileNotFoundError(f"resume_from_checkpoint: {path} {missing}")
+    if not path.exists():
+        raise FileNotFoundError(f"resume_from_checkpoint: {path} does not exist")
+    if fault := checkpoint_fault(path):
+        raise FileNotFoundError(f"resume_from_checkpoint: {path} has {fault} (not a complete checkpoint)")
     return str(path)
+
+
+def checkpoint_fault(folder: Path) -> str | None:
+    """Why `folder` is not a complete checkpoint, or None. The Trainer writes `trainer_state.json` last, and not
+    atomically: a save cut off by a kill or a full disk has none, or one cut short at any byte."""
+    state = folder / TRAINER_STATE
+    if not state.is_file():
+        return f"no {TRAINER_STATE}"
+    try:
+        json.loads(state.read_bytes())
+    except ValueError:  # invalid JSON, or UTF-8 cut inside a character
+        return f"a {TRAINER_STATE} cut short"
+    return None
