@@ -186,9 +186,8 @@ def hold_output(output: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def check_output(eval_args: EvalArguments, settings: dict[str, Any]) -> None:
-    """Refuse, before any model loads, to replace a finished result or an interrupted run's records without
-    `--overwrite`, and to resume a run made with other `settings` (those known before loading, weights included)."""
+def check_output(eval_args: EvalArguments) -> None:
+    """Refuse to replace a finished result, or an interrupted run's records, without `--overwrite`."""
     output = Path(eval_args.output)
     partial = partial_path(output)
     if eval_args.overwrite:
@@ -203,18 +202,25 @@ def check_output(eval_args: EvalArguments, settings: dict[str, Any]) -> None:
             f"{partial} holds {held} record(s) of an interrupted evaluation: pass --resume to continue it, "
             "--overwrite to start over, or choose another --output"
         )
-    if partial.exists():
-        read_partial(partial, settings, known_only=True)
 
 
-def claim_output(eval_args: EvalArguments, settings: dict[str, Any], stack: ExitStack) -> None:
-    """The main process locks the output (held until `stack` closes) and checks it; every process stops if it failed."""
+def claim_output(
+    eval_args: EvalArguments, model_args: ModelConfig, settings: dict[str, Any], stack: ExitStack
+) -> dict[str, Any]:
+    """Before any model loads: lock the output (held until `stack` closes), refuse what this run would replace,
+    identify the weights (a large model is hashed only once the output is this run's) and refuse a resume with other
+    settings or weights. The main process decides; returns `settings` with the weights' identity, on every process."""
 
     def claim() -> None:
         stack.enter_context(hold_output(Path(eval_args.output)))
-        check_output(eval_args, settings)
+        check_output(eval_args)
+        settings.update(weights_identity(model_args, eval_args.adapter))
+        partial = partial_path(Path(eval_args.output))
+        if eval_args.resume and partial.exists():
+            read_partial(partial, settings, known_only=True)
 
     decided_by_main_process(claim)
+    return from_main_process(settings)
 
 
 def weights_identity(model_args: ModelConfig, adapter: str | None) -> dict[str, Any]:
@@ -349,7 +355,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "model": model_args.model_name_or_path,
         "adapter": eval_args.adapter,
         "adapter_base": adapter_base_model(eval_args.adapter) if eval_args.adapter else None,
-        **from_main_process(weights_identity(model_args, eval_args.adapter) if state.is_main_process else None),
         "merged": eval_args.merge_adapter and eval_args.adapter is not None,
         "dataset": dataset_identity(task_args),
         "dataset_revision": task_args.dataset_revision,
@@ -364,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "packages": package_versions(),
     }
     with ExitStack() as held:
-        claim_output(eval_args, settings, held)
+        settings = claim_output(eval_args, model_args, settings, held)
         torch.manual_seed(SEED)
         evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
         dataset = get_dataset(task_args, "eval", max_pixels_of(processor))

@@ -153,7 +153,7 @@ def decided_by_main_process(check: Callable[[], None]) -> None:
     if PartialState().is_main_process:
         try:
             check()
-        except ValueError as error:
+        except (ValueError, OSError) as error:  # what the checks raise (a missing or unwritable file is an OSError)
             problem = (type(error), str(error))
     problem = from_main_process(problem)
     if problem:
