@@ -43,9 +43,9 @@ from vision_grpo.data import get_dataset
 from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base_model, check_adapter_dir
 from vision_grpo.eval.scoring import summarize
 from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, control_images, default_max_new_tokens
-from vision_grpo.modeling import max_pixels_of, resolve_model_path
+from vision_grpo.modeling import max_pixels_of
 from vision_grpo.recipe_run import decided_by_main_process, from_main_process
-from vision_grpo.runs import content_digest, dataset_identity, package_versions, write_text_atomic
+from vision_grpo.runs import content_digest, dataset_identity, model_identity, package_versions, write_text_atomic
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger("vision_grpo.evaluate")
@@ -224,13 +224,10 @@ def claim_output(
 
 
 def weights_identity(model_args: ModelConfig, adapter: str | None) -> dict[str, Any]:
-    """The model and adapter by content: sha256 of a local (or embedded) model's weights and config, else the Hub id
-    with its revision; sha256 of the adapter's files. A resume then refuses other weights under the same path."""
-    model = Path(resolve_model_path(model_args.model_name_or_path))
-    files = [*sorted(model.glob("*.safetensors")), model / "config.json"] if model.is_dir() else []
-    by_name = {"id": model_args.model_name_or_path, "revision": model_args.model_revision}
+    """The model and adapter by content (`model_identity`; sha256 of the adapter's files): a resume then refuses
+    other weights under the same path."""
     return {
-        "model_weights": {"sha256": content_digest(files)} if files else by_name,
+        "model_weights": model_identity(model_args.model_name_or_path, model_args.model_revision),
         "adapter_weights": content_digest([Path(adapter) / ADAPTER_WEIGHTS, Path(adapter) / ADAPTER_CONFIG])
         if adapter
         else None,

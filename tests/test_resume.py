@@ -159,7 +159,8 @@ def earlier_run(tmp_path: Path, argv: list[str]) -> Path:
     """A run folder as a run of `argv` leaves it after its second checkpoint: recipe.yaml, manifest, checkpoint-2."""
     run = RecipeRun.start(GRPOConfig, argv)
     configs = (run.task_args, run.training_args, run.model_args)
-    write_run_start(run.run_dir, run.recipe_path, argv, configs, dataset=dataset_identity(run.task_args))
+    facts = {"dataset": dataset_identity(run.task_args), "model_weights": run.model_weights}
+    write_run_start(run.run_dir, run.recipe_path, argv, configs, **facts)
     make_checkpoint(run.run_dir, 2)
     return run.run_dir
 
@@ -193,6 +194,18 @@ def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(
     assert allowed.resume_from == str(run_dir / "checkpoint-2")
     longer = RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--max_steps", "50"])
     assert longer.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
+
+
+def test_a_resume_onto_other_weights_under_the_same_path_is_refused(tiny_model_path: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model)
+    argv = training_args(tmp_path, "r", model_name_or_path=str(model))[1:]
+    run_dir = earlier_run(tmp_path, argv)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "note": "retrained"}))  # other weights, same path
+    with pytest.raises(RunConflict, match=r"\(model_weights: \{'sha256': '[0-9a-f]{64}'\} then, \{'sha256'"):
+        RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last"])
+    assert json.loads((run_dir / "manifest.json").read_text())["model_weights"]["sha256"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,14 @@ from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
-from vision_grpo.runs import dataset_identity, finished_step, resume_changes, write_run_end, write_run_start
+from vision_grpo.runs import (
+    dataset_identity,
+    finished_step,
+    model_identity,
+    resume_changes,
+    write_run_end,
+    write_run_start,
+)
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger(__name__)
@@ -49,6 +56,7 @@ class RecipeRun:
     resume_from: str | None
     is_main: bool
     finished: bool = False
+    model_weights: dict[str, Any] | None = None  # the model by content (main process): checked on resume, recorded
 
     @classmethod
     def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
@@ -69,10 +77,16 @@ class RecipeRun:
         resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
         is_main = PartialState().is_main_process
         run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
-        if resume_from is None:
-            decided_by_main_process(lambda: claim_run_dir(run_dir, task_args.overwrite_run))
-        else:
-            decided_by_main_process(lambda: check_resume(resume_from, recipe_path, argv, configs))
+
+        def claim() -> None:
+            if resume_from is None:
+                claim_run_dir(run_dir, task_args.overwrite_run)
+            run.model_weights = model_identity(model_args.model_name_or_path, model_args.model_revision)
+            if resume_from is not None:
+                check_resume(resume_from, recipe_path, argv, configs, run.model_weights)
+
+        decided_by_main_process(claim)
+        if resume_from is not None:
             step = finished_step(run_dir, training_args.max_steps, training_args.num_train_epochs)
             if step is not None:
                 logger.warning(
@@ -91,6 +105,7 @@ class RecipeRun:
             facts = {
                 "task": self.task_args.task,
                 "dataset": dataset_identity(self.task_args),
+                "model_weights": self.model_weights,
                 "seed": self.training_args.seed,
                 "resumed_from": self.resume_from,  # None for a fresh start
                 "rows_unused": unused_rows(),  # by split and reason, as the task's loader reported them
@@ -133,11 +148,13 @@ def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
         )
 
 
-def check_resume(resume_from: str, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...]) -> None:
+def check_resume(
+    resume_from: str, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], model_weights: dict[str, Any]
+) -> None:
     """Refuse to continue a checkpoint with settings that compute differently from its run's (its folder's
     `recipe.yaml` and manifest), unless the recipe's `resume_allow_changes` names the keys."""
     allowed = configs[0].resume_allow_changes
-    changes = resume_changes(Path(resume_from).parent, recipe_path, argv, configs, allowed)
+    changes = resume_changes(Path(resume_from).parent, recipe_path, argv, configs, model_weights, allowed)
     if changes:
         raise RunConflict(
             f"cannot resume {resume_from}: this run would compute differently from the run it continues "

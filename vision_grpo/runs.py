@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import yaml
 
+from vision_grpo.modeling import resolve_model_path
 from vision_grpo.tasks import task_of
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed", "vision-grpo-recipes")
@@ -114,13 +115,19 @@ def _default(configs: tuple[Any, ...], key: str) -> Any:
 
 
 def resume_changes(
-    earlier_run: Path, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], allowed: list[str]
+    earlier_run: Path,
+    recipe_path: str | None,
+    argv: list[str],
+    configs: tuple[Any, ...],
+    model_weights: dict[str, Any],
+    allowed: list[str],
 ) -> list[str]:
     """What a resumed run would compute differently from the run it continues, one `key: then, now` line each;
-    `configs` as parsed (the task arguments first).
+    `configs` as parsed (the task arguments first), `model_weights` the model's `model_identity` now.
 
     Compared: every key either run set (a key one run left unset had its default), except `RESUME_FREE_KEYS` and
-    `allowed`, and the dataset's identity in the manifest. An earlier run with no `recipe.yaml` cannot be compared.
+    `allowed`, and the dataset's identity and the model's weights (`model_weights`) in the manifest. An earlier run
+    with no `recipe.yaml` cannot be compared.
     """
     recorded = earlier_run / "recipe.yaml"
     if not recorded.is_file():
@@ -136,10 +143,22 @@ def resume_changes(
         if before != after:
             changes.append(f"{key}: {before!r} then, {after!r} now")
     manifest = read_manifest(earlier_run) or {}
-    data_now = json.loads(json.dumps(dataset_identity(configs[0]), default=str))
-    if "dataset" in manifest and "dataset" not in allowed and manifest["dataset"] != data_now:
-        changes.append(f"dataset: {manifest['dataset']!r} then, {data_now!r} now")
+    identities = {
+        "dataset": json.loads(json.dumps(dataset_identity(configs[0]), default=str)),
+        "model_weights": model_weights,
+    }
+    for key, now_value in identities.items():
+        if key in manifest and key not in allowed and manifest[key] != now_value:
+            changes.append(f"{key}: {manifest[key]!r} then, {now_value!r} now")
     return changes
+
+
+def model_identity(name: str, revision: str | None) -> dict[str, Any]:
+    """A model by content, not path: sha256 of a local (or embedded) model's weights and config; a Hub model not on
+    disk by its id and revision."""
+    folder = Path(resolve_model_path(name))
+    files = [*sorted(folder.glob("*.safetensors")), folder / "config.json"] if folder.is_dir() else []
+    return {"sha256": content_digest(files)} if files else {"id": name, "revision": revision}
 
 
 def dataset_identity(task_args: Any) -> dict[str, Any]:
