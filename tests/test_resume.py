@@ -196,11 +196,14 @@ def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(
     assert longer.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
 
 
-def test_a_resume_onto_other_weights_under_the_same_path_is_refused(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_a_resume_is_checked_by_the_models_content_not_its_path(tiny_model_path: Path, tmp_path: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_model_path, model)
     argv = training_args(tmp_path, "r", model_name_or_path=str(model))[1:]
     run_dir = earlier_run(tmp_path, argv)
+    moved = tmp_path / "moved"
+    shutil.copytree(model, moved)  # the same weights under another path: compared by content, accepted
+    assert RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--model_name_or_path", str(moved)])
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "note": "retrained"}))  # other weights, same path
     with pytest.raises(RunConflict, match=r"\(model_weights: \{'sha256': '[0-9a-f]{64}'\} then, \{'sha256'"):

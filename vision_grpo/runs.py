@@ -126,8 +126,9 @@ def resume_changes(
     `configs` as parsed (the task arguments first), `model_weights` the model's `model_identity` now.
 
     Compared: every key either run set (a key one run left unset had its default), except `RESUME_FREE_KEYS` and
-    `allowed`, and the dataset's identity and the model's weights (`model_weights`) in the manifest. An earlier run
-    with no `recipe.yaml` cannot be compared.
+    `allowed`, and the dataset's identity and the model's weights (`model_weights`) in the manifest; where those
+    weights are recorded, the model is compared by them, not by its path. An earlier run with no `recipe.yaml`
+    cannot be compared.
     """
     recorded = earlier_run / "recipe.yaml"
     if not recorded.is_file():
@@ -135,14 +136,15 @@ def resume_changes(
     then = yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}
     keys = list(dict.fromkeys([*then, *set_keys(recipe_path, argv)]))
     now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs), allow_unicode=True)) or {}
+    manifest = read_manifest(earlier_run) or {}
+    by_content = {"model_name_or_path", "model_revision"} if "model_weights" in manifest else set()
     changes = []
     for key in keys:
-        if key in RESUME_FREE_KEYS or key in allowed:
+        if key in RESUME_FREE_KEYS or key in allowed or key in by_content:
             continue
         before, after = then.get(key, _default(configs, key)), now.get(key, _default(configs, key))
         if before != after:
             changes.append(f"{key}: {before!r} then, {after!r} now")
-    manifest = read_manifest(earlier_run) or {}
     identities = {
         "dataset": json.loads(json.dumps(dataset_identity(configs[0]), default=str)),
         "model_weights": model_weights,
