@@ -18,7 +18,7 @@ from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
 logger = logging.getLogger(__name__)
 
 NAME = "geoqa"
-DEFAULT_REWARDS = ["boxed_option", "boxed_option_format"]
+DEFAULT_REWARDS = ["boxed_option"]  # the seed's reward; recipes add `boxed_option_format` with weight 0
 
 
 @dataclass

@@ -14,7 +14,8 @@ from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, PROMPT_FEATUR
 from vision_grpo.rewards.counting import boxed_integer, final_answer
 
 NAME = "shapes"
-DEFAULT_REWARDS = ["count_correct", "count_description", "count_reasoning", "count_format"]
+# The seed's three-part reward (weights 1 each unless `reward_weights` says otherwise).
+DEFAULT_REWARDS = ["count_correct", "count_description", "count_reasoning"]
 
 
 @dataclass

@@ -31,7 +31,7 @@ from vision_grpo.rewards.vqa import ANSWER_TYPES, as_math, is_correct, predicted
 logger = logging.getLogger(__name__)
 
 NAME = "vqa"
-DEFAULT_REWARDS = ["vqa_answer", "vqa_format"]
+DEFAULT_REWARDS = ["vqa_answer"]  # recipes add `vqa_format` with weight 0 to log the format rate
 LETTERS = "ABCDEFGHIJ"
 DEFAULT_TEMPLATE = (
     "{{ question }}{% if choices %}\n{% for choice in choices %}{{ letters[loop.index0] }}. {{ choice }}\n{% endfor %}"

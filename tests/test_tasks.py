@@ -59,7 +59,9 @@ def test_shapes_and_geoqa_build_the_rows_they_built_before(split: str, tmp_path:
 def test_the_builtin_tasks_are_registered_with_their_pieces() -> None:
     tasks = discover()
     assert {"shapes", "geoqa", "vqa"} <= set(tasks)
-    assert tasks["geoqa"].default_rewards == ("boxed_option", "boxed_option_format")
+    assert tasks["geoqa"].default_rewards == ("boxed_option",)
+    assert TaskArguments(task="geoqa").reward_funcs == ["boxed_option"]  # a recipe that names no rewards
+    assert TaskArguments(task="shapes").reward_funcs == ["count_correct", "count_description", "count_reasoning"]
     assert tasks["shapes"].source.endswith("data/task_shapes.py")
 
 

@@ -50,9 +50,12 @@ class BaseTaskArguments:
         default=32, metadata={"help": "Prompts whose image-token count is checked before training (-1: all)."}
     )
     # Rewards.
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["count_correct", "count_description", "count_reasoning"],
-        metadata={"help": "Reward names from rewards/ (and `reward_dirs`); weights in `reward_weights`."},
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward names from rewards/ (and `reward_dirs`); weights in `reward_weights`. Default: "
+            "the task's DEFAULT_REWARDS."
+        },
     )
     reward_dirs: list[str] = field(
         default_factory=list, metadata={"help": "Extra folders of reward plugins (their code is run)."}
@@ -110,6 +113,8 @@ class BaseTaskArguments:
                 task.check(self)
         except (TaskPluginError, ValueError) as error:
             raise RecipeError(str(error)) from None
+        if self.reward_funcs is None:
+            self.reward_funcs = list(task.default_rewards)
 
 
 @functools.cache

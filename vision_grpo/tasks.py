@@ -2,7 +2,7 @@
 `task_dirs`) that declares, at module level:
 
     NAME = "my_task"                      # what `task:` in a recipe says
-    DEFAULT_REWARDS = ["my_reward", ...]  # what the task's recipes start from (documentation and `--help`)
+    DEFAULT_REWARDS = ["my_reward", ...]  # the rewards when a recipe names none (`reward_funcs`), weight 1 each
     def load(task_args, split, max_pixels) -> datasets.Dataset   # split "train" or "eval": rows with `id`,
         # a conversational `prompt`, `image` (or `images`), and the columns its rewards read
     def score(row, text) -> dict          # evaluation: at least `gold`, `prediction` (None: unparsed), `correct`
