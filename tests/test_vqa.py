@@ -145,3 +145,14 @@ def test_each_fixture_recipe_trains_and_evaluates(recipe: str, fixtures: Path, t
     run_script(["eval/evaluate.py", *args, "--adapter", str(tmp_path / "r"), "--limit", "4", "--output", str(output)])
     result = json.loads(output.read_text())
     assert len(result["records"]) == 4 and set(result["summary"]["rewards"]) == {"vqa_answer", "vqa_format"}
+
+
+def test_a_prompt_template_file_is_read_and_a_broken_one_named(fixtures: Path, tmp_path: Path) -> None:
+    template = tmp_path / "prompt.jinja"
+    template.write_text("Q: {{ question }} <image> Answer in \\boxed{}.")
+    args = task_args(FIXTURE_RECIPES[1], fixtures, "--vqa_prompt_template", str(template))
+    content = get_dataset(args, "eval", MAX_PIXELS)[0]["prompt"][0]["content"]
+    assert [part["type"] for part in content] == ["text", "image", "text"] and content[0]["text"].startswith("Q: How")
+    template.write_text("{{ question ")
+    with pytest.raises(RecipeError, match="vqa_prompt_template: not a valid Jinja template"):
+        task_args(FIXTURE_RECIPES[1], fixtures, "--vqa_prompt_template", str(template))
