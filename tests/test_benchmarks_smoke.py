@@ -13,16 +13,7 @@ from conftest import REPO, run_script
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from common import read_step_log, run_measured  # noqa: E402
-
-BENCHMARKS = (
-    "data_pipeline",
-    "startup",
-    "eval_throughput",
-    "train_overhead",
-    "step_profile",
-    "memory_scaling",
-    "families",
-)
+from run_all import BENCHMARKS  # noqa: E402
 
 
 def _numbers(value) -> list[float]:

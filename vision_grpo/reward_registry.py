@@ -7,17 +7,17 @@ What a plugin file looks like, and the contract of a reward function, is in `rew
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
 import numbers
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vision_grpo.plugins import ENDS_THE_RUN, ended, import_plugin, plugin_files
 
 RewardFunc = Callable[..., list[float | None]]
 # The `rewards/` folder: where the package `vision_grpo.rewards` is installed from (found without importing it).
@@ -76,48 +76,15 @@ def was_cut_off(ids: Sequence[int] | None, eos_token_ids: Sequence[int] | None) 
 
 
 def _import_file(path: Path) -> None:
-    path = path.resolve()
-    if path in _LOADED_FILES:
-        return
-    try:
-        if path.parent == BUILTIN_DIR:
-            importlib.import_module(f"vision_grpo.rewards.{path.stem}")
-        else:
-            digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
-            module_name = f"vision_grpo_reward_plugins_{digest}.{path.stem}"
-            spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            spec.loader.exec_module(module)
-    except RewardPluginError:
-        raise
-    except ENDS_THE_RUN as error:  # e.g. argparse at import time: it would end training with exit status 0
-        raise RewardPluginError(f"reward plugin {path} {_ended(error)} while being imported") from error
-    except Exception as error:  # a plugin may fail in any way; say which file
-        raise RewardPluginError(f"reward plugin {path} failed to import: {type(error).__name__}: {error}") from error
-    _LOADED_FILES.add(path)
-
-
-# What plugin code may raise that is no `Exception` but would end the run, silently where it is `SystemExit(0)`.
-ENDS_THE_RUN = (SystemExit, KeyboardInterrupt)
-
-
-def _ended(error: BaseException) -> str:
-    """How plugin code tried to end the process, for the error that replaces it."""
-    if isinstance(error, SystemExit):
-        return f"called sys.exit({error.code!r}) (SystemExit); plugin code must raise an exception or return values"
-    return "raised KeyboardInterrupt (a second Ctrl-C during a plugin call also shows here)"
+    if path not in _LOADED_FILES:
+        import_plugin(path, (BUILTIN_DIR, "vision_grpo.rewards"), RewardPluginError, "reward plugin")
+        _LOADED_FILES.add(path)
 
 
 def discover(extra_dirs: Sequence[str | Path] = ()) -> dict[str, RegisteredReward]:
     """Import every plugin file of this folder and of `extra_dirs`; return the registry."""
-    importlib.invalidate_caches()  # a plugin file dropped in after start-up must still be found (Python's docs)
-    for directory in (BUILTIN_DIR, *map(Path, extra_dirs)):
-        if not directory.is_dir():
-            raise RewardPluginError(f"reward folder {directory} does not exist")
-        for path in sorted(directory.glob("*.py")):
-            if not path.name.startswith("_"):
-                _import_file(path)
+    for path in plugin_files([BUILTIN_DIR, *map(Path, extra_dirs)], RewardPluginError, "reward"):
+        _import_file(path)
     return dict(_REGISTRY)
 
 
@@ -132,7 +99,7 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
         try:
             values = func(completions=completions, **kwargs)
         except ENDS_THE_RUN as error:
-            raise RewardPluginError(f"{where} {_ended(error)}") from error
+            raise RewardPluginError(f"{where} {ended(error)}") from error
         except Exception as error:
             raise RewardPluginError(f"{where} raised {type(error).__name__}: {error}") from error
         if not isinstance(values, (list, tuple)) or len(values) != len(completions):

@@ -21,15 +21,15 @@ Task plugins are code: they run with your permissions; only `data/` and the fold
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from vision_grpo.plugins import import_plugin, plugin_files
 
 BUILTIN_PACKAGE = "vision_grpo.data"
 # The `data/` folder: where the package `vision_grpo.data` is installed from (found without importing it).
@@ -80,28 +80,10 @@ def _as_task(module: ModuleType, path: Path) -> Task:
     )
 
 
-def _import(path: Path) -> ModuleType:
-    if path.parent == BUILTIN_DIR:
-        return importlib.import_module(f"{BUILTIN_PACKAGE}.{path.stem}")
-    digest = hashlib.sha1(str(path.parent).encode()).hexdigest()[:8]
-    module_name = f"vision_grpo_task_plugins_{digest}.{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _register(path: Path) -> None:
-    path = path.resolve()
     if path in _LOADED:
         return
-    try:
-        module = _import(path)
-    except TaskPluginError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as error:  # plugin code may fail, or try to exit, any way
-        raise TaskPluginError(f"task module {path} failed to import: {type(error).__name__}: {error}") from error
+    module = import_plugin(path, (BUILTIN_DIR, BUILTIN_PACKAGE), TaskPluginError, "task module")
     _LOADED.add(path)
     if not hasattr(module, "NAME"):
         return  # a helper module (a generator, the multimodal collator), not a task
@@ -114,13 +96,8 @@ def _register(path: Path) -> None:
 
 def discover(task_dirs: Sequence[str | Path] = ()) -> dict[str, Task]:
     """Import every module of `data/` and of `task_dirs`; return the tasks they declare, by name."""
-    importlib.invalidate_caches()  # a task file dropped in after start-up must still be found
-    for directory in (BUILTIN_DIR, *map(Path, task_dirs)):
-        if not directory.is_dir():
-            raise TaskPluginError(f"task folder {directory} does not exist")
-        for path in sorted(directory.glob("*.py")):
-            if not path.name.startswith("_"):
-                _register(path)
+    for path in plugin_files([BUILTIN_DIR, *map(Path, task_dirs)], TaskPluginError, "task"):
+        _register(path)
     return dict(_REGISTRY)
 
 

@@ -157,39 +157,46 @@ def qwen2_5_vl_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2_5_VLConfig:
     )
 
 
+# The toy sizes the two Qwen3 families share: a 64-wide, 2-layer text model (GQA 4/2) and a 32-wide, 2-block vision
+# tower with 16-pixel patches merged 2x2 and learned position embeddings on an 8x8 grid.
+QWEN3_TOY_TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
+QWEN3_TOY_VISION = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "num_position_embeddings": 64,
+}
+
+
 def qwen3_vl_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3VLConfig:
-    """Qwen3-VL at toy size: text 64 x 2 layers with interleaved mrope, vision 32 x 2 blocks with a deepstack merger
-    feeding block 1's features into the language model, learned position embeddings on an 8x8 grid."""
+    """Qwen3-VL at toy size: interleaved mrope over a 16-dim head, and a deepstack merger feeding vision block 1's
+    features into the language model."""
     return Qwen3VLConfig(
         text_config={
             **_text_ids(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            **QWEN3_TOY_TEXT,
             "head_dim": 16,
-            "max_position_embeddings": 2048,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 5000000.0,
                 "mrope_section": [2, 3, 3],
                 "mrope_interleaved": True,
             },
-            "tie_word_embeddings": True,
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [1],
-        },
+        vision_config={**QWEN3_TOY_VISION, "deepstack_visual_indexes": [1]},
         **_token_ids(tokenizer),
         tie_word_embeddings=True,
     )
@@ -201,19 +208,14 @@ def qwen3_5_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3_5Config:
     return Qwen3_5Config(
         text_config={
             **_text_ids(tokenizer),
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
+            **QWEN3_TOY_TEXT,
             "layer_types": ["linear_attention", "full_attention"],
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
             "head_dim": 32,
             "linear_key_head_dim": 16,
             "linear_value_head_dim": 16,
             "linear_num_key_heads": 2,
             "linear_num_value_heads": 4,
             "linear_conv_kernel_dim": 4,
-            "max_position_embeddings": 2048,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 10000000.0,
@@ -221,19 +223,8 @@ def qwen3_5_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3_5Config:
                 "mrope_section": [2, 1, 1],
                 "mrope_interleaved": True,
             },
-            "tie_word_embeddings": True,
         },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 64,
-        },
+        vision_config={**QWEN3_TOY_VISION},
         **_token_ids(tokenizer),
         tie_word_embeddings=True,
     )
