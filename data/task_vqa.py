@@ -152,10 +152,10 @@ def _answer(row: dict[str, Any], task_args: Any) -> str:
     return str(raw).strip()
 
 
-def _row(row: dict[str, Any], index: int, task_args: Any, max_pixels: int) -> dict[str, Any]:
+def _row(row: dict[str, Any], index: int, task_args: Any, template: jinja2.Template, max_pixels: int) -> dict[str, Any]:
     """One training/evaluation row; raises VQADataError naming what is wrong (the caller adds the id)."""
     choices = list(row[task_args.vqa_choices_column] or []) if task_args.vqa_choices_column else []
-    text = _template(task_args).render(question=row[task_args.vqa_question_column], choices=choices, letters=LETTERS)
+    text = template.render(question=row[task_args.vqa_question_column], choices=choices, letters=LETTERS)
     value = row[task_args.vqa_image_column]
     images = [_open_image(v, task_args.vqa_image_folder) for v in (value if isinstance(value, list) else [value])]
     for image in images:
@@ -200,10 +200,11 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     missing = [c for c in columns if c not in source.column_names]
     if missing:
         raise VQADataError(f"{task_args.dataset_name} ({name}): missing column(s) {missing}; has {source.column_names}")
+    template = _template(task_args)  # compiled once, not per row
     rows, skipped = [], []
     for index, raw in enumerate(source):
         try:
-            rows.append(_row(raw, index, task_args, max_pixels))
+            rows.append(_row(raw, index, task_args, template, max_pixels))
         except (VQADataError, OSError, ValueError) as error:  # ValueError: make_example's RowRefused too
             where = f"VQA row id={_row_id(raw, index, task_args)!r}"
             if not task_args.skip_bad_rows:
