@@ -1,4 +1,5 @@
-"""Every command in the README's code blocks names a script that exists, and its flags parse.
+"""Every command in the code blocks of the README and of every docs page names a script that exists, and its flags
+parse.
 
 Cheap by design: nothing trains or loads a model. Recipe entry points go through `parse_recipe` (the recipe file
 must exist and every key and flag must be known), `accelerate launch` through accelerate's own parser (its
@@ -13,6 +14,7 @@ import re
 import runpy
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,16 +32,19 @@ RECIPE_SCRIPTS = {
     "eval/evaluate.py": (TaskArguments, GRPOConfig, ModelConfig, EvalArguments),
 }
 # Commands that are not ours (or need a GPU server) are only listed, so that a new kind of command fails the test.
-OTHER_PROGRAMS = {"tensorboard", "mkdir", "trl", "pip", "source", "export"}
+OTHER_PROGRAMS = {"tensorboard", "mkdir", "trl", "pip", "source", "export", "vllm", "curl"}
 PYTHONS = {"python", "python3", ".venv/bin/python"}
 # GPU recipes set `bf16: true`, which TrainingArguments refuses on a machine without a GPU.
 CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true"]
 
 
-def readme_commands() -> list[str]:
-    """Shell commands of the README's unlabelled code blocks (not ```python / ```yaml), continuations joined."""
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def document_commands(document: Path) -> list[str]:
+    """Shell commands of a document's unlabelled code blocks (not ```python / ```yaml), continuations joined."""
     blocks, block, language = [], None, None
-    for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in document.read_text(encoding="utf-8").splitlines():
         if line.startswith("```") and block is None:
             block, language = [], line[3:].strip()
         elif line.startswith("```"):
@@ -60,11 +65,14 @@ def readme_commands() -> list[str]:
     return commands
 
 
-COMMANDS = readme_commands()
+COMMANDS = {document.relative_to(REPO).as_posix(): document_commands(document) for document in DOCUMENTS}
+CASES = [(name, command) for name, commands in COMMANDS.items() for command in commands]
 
 
-def test_the_readme_has_commands() -> None:
-    assert any("recipes/train.py" in c for c in COMMANDS) and any("compare_runs.py" in c for c in COMMANDS)
+def test_the_readme_and_the_docs_have_commands() -> None:
+    everything = [command for commands in COMMANDS.values() for command in commands]
+    assert any("recipes/train.py" in c for c in COMMANDS["README.md"])
+    assert any("compare_runs.py" in c for c in everything)
 
 
 def _help_text(target: list[str]) -> str:
@@ -103,8 +111,10 @@ def check_python(args: list[str]) -> None:
         assert re.search(rf"{re.escape(flag)}\b", help_text), f"{flag} is not an option of {target}"
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-def test_readme_command_names_a_script_that_exists_and_flags_that_parse(command: str, monkeypatch) -> None:
+@pytest.mark.parametrize(("document", "command"), CASES, ids=[f"{name}: {command}" for name, command in CASES])
+def test_documented_command_names_a_script_that_exists_and_flags_that_parse(
+    document: str, command: str, monkeypatch
+) -> None:
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # runpy and the scripts read and set it
     tokens = shlex.split(command)
