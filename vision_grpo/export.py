@@ -1,0 +1,291 @@
+"""Ship a trained policy: one standalone model folder that transformers and vLLM load as they load a Hub checkpoint.
+
+    python -m vision_grpo.export --adapter runs/shapes/tiny_cpu/<run> --output exported/shapes-tiny
+    python -m vision_grpo.export --adapter <run>/checkpoint-40 --output exported/x --eval results/x.json
+    python -m vision_grpo.export --config recipes/geoqa/qwen3_5_4b_lora.yaml --adapter <adapter> --output exported/x
+
+A LoRA adapter is merged into its base (PEFT's `merge_and_unload`) after the base is verified: by content against
+the run's manifest (`model_weights`, the sha256 `model_identity` records at training start) and weight by weight as
+the evaluator attaches adapters (eval/adapters.py). A full fine-tuned run folder (the demo's GRPO stage) is re-saved
+the same way. The model, processor and chat template come from the recipe (the run's own `recipe.yaml` unless
+`--config` names one; other recipe keys can be overridden on the command line), so the exported processor resizes
+images with the pixel limits training used. The folder holds what a Hub Qwen-VL checkpoint holds: sharded
+safetensors, config.json, the base's `generation_config.json` byte for byte (none when the base has none, as
+Qwen3.5 ships none), the processor and tokenizer files with the chat template, `preprocessor_config.json` (vLLM's
+processor falls back to it for the video processor when torchvision is missing), and a model card (README.md).
+
+The folder is written under a temporary name beside `--output` and renamed at the end, so `--output` never holds
+half an export. `--push_to_hub <repo>` uploads it with huggingface_hub; it needs the network and a token
+(`hf auth login`), so it is refused when HF_HUB_OFFLINE=1, before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from transformers.utils import cached_file
+from trl import GRPOConfig, ModelConfig
+
+from vision_grpo.config import TaskArguments, parse_recipe
+from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FULL_MODEL_FILES, load_verified_adapter
+from vision_grpo.model_card import write_model_card
+from vision_grpo.modeling import get_processor, is_vision_parameter, load_model, resolve_model_path
+from vision_grpo.runs import content_digest, model_identity, read_manifest
+
+logger = logging.getLogger("vision_grpo.export")
+# Fragments of parameter names that only a PEFT-wrapped model has: a merged folder holding one would load with
+# those weights missing or unused (transformers warns, vLLM refuses or ignores them).
+PEFT_NAME_PARTS = ("lora_", "base_layer", "base_model.model", "modules_to_save", "original_module")
+GENERATION_CONFIG = "generation_config.json"
+# Keys that change nothing in an export but that TRL checks while parsing a recipe: a GPU recipe's bf16 is refused
+# on a machine without a GPU, and the export itself never trains.
+PARSE_ONLY = ["--bf16", "false", "--use_cpu", "true"]
+
+
+class ExportError(ValueError):
+    """An export that would not give a model that answers as the trained policy did."""
+
+
+def run_folder_of(adapter: Path) -> Path:
+    """The run folder of a run's final folder or of one of its `checkpoint-N` folders (where recipe.yaml is)."""
+    if (adapter / "recipe.yaml").is_file() or not adapter.name.startswith("checkpoint-"):
+        return adapter
+    return adapter.parent
+
+
+def is_full_model(folder: Path) -> bool:
+    """A folder of full model weights (full fine-tuning), not a PEFT adapter."""
+    return not (folder / ADAPTER_CONFIG).is_file() and any((folder / name).is_file() for name in FULL_MODEL_FILES)
+
+
+def check_output_free(output: Path) -> None:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ExportError(f"output {output} already holds something: choose another --output or empty it first")
+    if not output.parent.is_dir():
+        raise ExportError(f"the folder of --output, {output.parent}, does not exist: create it first")
+
+
+def check_base(adapter: Path, manifest: dict[str, Any] | None, model_args: ModelConfig) -> dict[str, Any]:
+    """The base the recipe names, present and, where the run's manifest records the weights it trained on, the same
+    weights by content; returns its `model_identity`."""
+    name = model_args.model_name_or_path
+    try:
+        resolve_model_path(name)
+        cached_file(resolve_model_path(name), "config.json", revision=model_args.model_revision)
+    except (OSError, FileNotFoundError) as error:
+        raise ExportError(
+            f"the base model of {adapter}, {name}, is not available here ({error}): download it, or pass "
+            "--model_name_or_path with a local copy of the same weights"
+        ) from None
+    identity = model_identity(name, model_args.model_revision)
+    recorded = (manifest or {}).get("model_weights")
+    if recorded is None:
+        logger.warning("%s records no model_weights: the base %s is checked only weight by weight", adapter, name)
+    elif recorded != identity:
+        raise ExportError(
+            f"adapter {adapter} was trained on other weights than {name} holds (the run's manifest records "
+            f"{recorded}, {name} is {identity}): pass --model_name_or_path with the run's base model"
+        )
+    return identity
+
+
+def vision_lora_modules(adapter: Path) -> list[str]:
+    """The adapter's weights on the vision tower. vLLM serves such LoRA only behind an experimental switch
+    (`enable_tower_connector_lora`), so merging is the way to serve them: export merges them with the rest."""
+    with safe_open(str(adapter / ADAPTER_WEIGHTS), "pt") as weights:
+        names = weights.keys()  # a safetensors handle, not a dict
+    return [key for key in names if is_vision_parameter(key)]
+
+
+def copy_generation_config(base: str, revision: str | None, output: Path) -> bool:
+    """The base's `generation_config.json` byte for byte, or none when the base ships none (what
+    `save_pretrained` may have written in its place is removed: a made-up decoding default would change answers)."""
+    (output / GENERATION_CONFIG).unlink(missing_ok=True)
+    source = cached_file(base, GENERATION_CONFIG, revision=revision, _raise_exceptions_for_missing_entries=False)
+    if source:
+        shutil.copyfile(source, output / GENERATION_CONFIG)
+    return source is not None
+
+
+def peft_names(folder: Path) -> list[str]:
+    """Weight names in the folder's safetensors files that only a PEFT model has."""
+    names = []
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as weights:
+            keys = weights.keys()  # a safetensors handle, not a dict
+        names += [key for key in keys if any(part in key for part in PEFT_NAME_PARTS)]
+    return names
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPOConfig, ModelConfig]:
+    """The export's own options; every other argument is a recipe key overriding the recipe (the run's recipe.yaml
+    unless `--config` is given), parsed as training parses it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m vision_grpo.export",
+        description="Merge a trained LoRA adapter (or re-save a full fine-tuned run) into a standalone model folder "
+        "that transformers and vLLM load with no extra arguments, with a model card. Other --key value arguments "
+        "override the recipe (e.g. --model_name_or_path <local copy of the base>).",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--adapter", required=True, help="Run folder or its checkpoint-N (adapter or full model).")
+    parser.add_argument("--output", required=True, help="New or empty folder to write the model into.")
+    parser.add_argument("--config", help="Recipe (default: the run folder's recipe.yaml).")
+    parser.add_argument("--eval", help="eval/evaluate.py result file of these weights: its summary goes in the card.")
+    parser.add_argument("--max_shard_size", default="5GB", help="Largest safetensors file (default 5GB).")
+    parser.add_argument(
+        "--push_to_hub",
+        metavar="REPO",
+        help="Upload the folder to this Hub repo (huggingface_hub; needs the network and `hf auth login`: "
+        "refused when HF_HUB_OFFLINE=1).",
+    )
+    parser.add_argument("--public", action="store_true", help="Create the Hub repo public (default: private).")
+    args, recipe_argv = parser.parse_known_args(argv)
+    adapter = Path(args.adapter)
+    if not adapter.is_dir():
+        raise ExportError(f"--adapter {adapter} does not exist")
+    config = args.config or str(run_folder_of(adapter) / "recipe.yaml")
+    if not Path(config).is_file():
+        raise ExportError(f"{adapter} has no recipe.yaml beside it: pass --config with the recipe it was trained with")
+    task_args, train_args, model_args = parse_recipe(
+        (TaskArguments, GRPOConfig, ModelConfig), ["--config", config, *recipe_argv, *PARSE_ONLY]
+    )
+    args.config = config
+    return args, task_args, train_args, model_args
+
+
+def check_push_possible(repo: str | None) -> None:
+    from huggingface_hub import constants
+
+    if repo and constants.HF_HUB_OFFLINE:
+        raise ExportError(
+            f"--push_to_hub {repo} needs the Hub, and HF_HUB_OFFLINE=1 here: export without it, then push the folder "
+            "from a machine with network access (`hf upload <repo> <folder>`)"
+        )
+
+
+def export(argv: list[str]) -> Path:
+    """Run the export; returns the written folder."""
+    args, task_args, train_args, model_args = parse_args(argv)
+    adapter, output = Path(args.adapter), Path(args.output)
+    check_output_free(output)
+    check_push_possible(args.push_to_hub)
+    run_dir = run_folder_of(adapter)
+    manifest = read_manifest(run_dir)
+    full = is_full_model(adapter)
+    eval_result = json.loads(Path(args.eval).read_text(encoding="utf-8")) if args.eval else None
+    if eval_result is not None:
+        check_eval_matches(Path(args.eval), eval_result, adapter_weights(adapter, full))
+    trust = train_args.trust_remote_code
+    if full:
+        base_identity = None
+        model = load_model(_with_model(model_args, str(adapter)), trust)
+        vision_lora: list[str] = []
+    else:
+        base_identity = check_base(adapter, manifest, model_args)
+        vision_lora = vision_lora_modules(adapter)
+        if vision_lora:
+            logger.warning(
+                "%s has LoRA on the vision tower (%d weights): merged into the export; vLLM serves vision-tower LoRA "
+                "only as an experimental option, so the merged folder is the way to serve it",
+                adapter,
+                len(vision_lora),
+            )
+        model = load_verified_adapter(load_model(model_args, trust), adapter, merge=True)
+    processor = get_processor(model_args, task_args, trust)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        model.save_pretrained(staging, max_shard_size=args.max_shard_size)
+        processor.save_pretrained(staging)
+        # The image processor's own file too, as Hub Qwen-VL checkpoints ship it: a processor saved without its
+        # video part (no torchvision) is then still loadable by vLLM's AutoProcessor, which falls back to it.
+        processor.image_processor.save_pretrained(staging)
+        origin = str(adapter) if full else resolve_model_path(model_args.model_name_or_path)
+        has_generation_config = copy_generation_config(origin, None if full else model_args.model_revision, staging)
+        leftover = peft_names(staging)
+        if leftover:
+            raise ExportError(f"the merged weights still hold PEFT module names ({', '.join(leftover[:5])}): not saved")
+        write_model_card(
+            staging,
+            export_argv=argv,
+            model_args=model_args,
+            task_args=task_args,
+            train_args=train_args,
+            recipe=run_dir / "recipe.yaml" if (run_dir / "recipe.yaml").is_file() else Path(args.config),
+            run_dir=run_dir,
+            adapter=adapter,
+            manifest=manifest,
+            base_identity=base_identity,
+            full=full,
+            vision_lora=bool(vision_lora),
+            generation_config=has_generation_config,
+            eval_path=Path(args.eval) if args.eval else None,
+            eval_result=eval_result,
+        )
+        if output.exists():
+            output.rmdir()  # empty (checked above)
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("exported %s to %s", adapter, output)
+    if args.push_to_hub:
+        push(output, args.push_to_hub, private=not args.public)
+    return output
+
+
+def _with_model(model_args: ModelConfig, path: str) -> ModelConfig:
+    from dataclasses import replace
+
+    return replace(model_args, model_name_or_path=path, model_revision=None)
+
+
+def adapter_weights(adapter: Path, full: bool) -> dict[str, Any]:
+    """The exported weights' origin by content, as eval/evaluate.py records it in a result's metadata."""
+    if full:
+        return {"model_weights": model_identity(str(adapter), None)}
+    return {"adapter_weights": content_digest([adapter / ADAPTER_WEIGHTS, adapter / ADAPTER_CONFIG])}
+
+
+def check_eval_matches(path: Path, result: dict[str, Any], weights: dict[str, Any]) -> None:
+    """A card's evaluation must be of these weights: the result's recorded adapter (or model) digest must match."""
+    metadata = result.get("metadata", {})
+    if "summary" not in result or "records" not in result:
+        raise ExportError(f"--eval {path} is not a result file of eval/evaluate.py (no summary or records)")
+    for key, value in weights.items():
+        if metadata.get(key) != value:
+            raise ExportError(
+                f"--eval {path} evaluated other weights ({key}: {metadata.get(key)!r} there, {value!r} here): "
+                "evaluate this adapter (eval/evaluate.py --adapter ...) and pass that result"
+            )
+
+
+def push(folder: Path, repo: str, private: bool) -> None:
+    """Upload the exported folder to the Hub (huggingface_hub's `create_repo` and `upload_folder`)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo, private=private, exist_ok=True)
+    api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message=f"Export of {folder.name}")
+    logger.info("pushed %s to https://huggingface.co/%s", folder, repo)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    try:
+        return export(sys.argv[1:] if argv is None else argv)
+    except ExportError as error:
+        if argv is not None:
+            raise
+        sys.exit(f"export: {error}")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main()
