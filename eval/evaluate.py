@@ -62,7 +62,10 @@ class EvalArguments:
 
     output: str = field(default="results/eval.json", metadata={"help": "Result JSON (written atomically)."})
     adapter: str | None = field(default=None, metadata={"help": "PEFT adapter or checkpoint folder to apply."})
-    merge_adapter: bool = field(default=False, metadata={"help": "Merge the adapter into the weights (faster)."})
+    merge_adapter: bool = field(
+        default=False,
+        metadata={"help": "Merge the adapter into the weights (faster; vLLM backend: instead of vLLM's LoRA)."},
+    )
     batch_size: int = field(default=8, metadata={"help": "Prompts generated together (left padding)."})
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Default: the recipe's max_completion_length (GeoQA recipes: 1024)."}
@@ -342,6 +345,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise PermissionError(f"output folder {output.parent} is not writable: choose another --output")
     if eval_args.adapter:
         check_adapter_dir(eval_args.adapter)
+        if eval_args.backend == "vllm" and not eval_args.merge_adapter:
+            from vision_grpo.eval.vllm_backend import check_vllm_lora  # imports no vLLM: refused before it loads
+
+            check_vllm_lora(eval_args.adapter)
     configure_threads()
     state = PartialState()
     max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)

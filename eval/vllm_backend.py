@@ -4,33 +4,87 @@ Only generation changes. Prompts are rendered by the evaluator's own code (the p
 recipe), then enter the engine un-expanded (one image placeholder, expanded by vLLM with the recipe's pixel limits),
 and every engine prompt must equal the evaluator's ids token for token, so vLLM sees the images training saw.
 Decoding is the HF backend's: greedy, the same stop ids, vision tokens never generated, nothing from the
-checkpoint's `generation_config.json`. An adapter is merged and the merged model saved for the engine to load.
+checkpoint's `generation_config.json`.
+
+An adapter is served by vLLM's LoRA support (`enable_lora`, one `LoRARequest` per generate call) without merging,
+after the HF side verified that every weight of it attaches to the base. vLLM declares LoRA (`SupportsLoRA`) for the
+Qwen2.5-VL, Qwen3-VL and Qwen3.5 model classes, but on the language model only unless the experimental
+`enable_tower_connector_lora` is on; an adapter vLLM cannot serve unmerged (LoRA on the vision tower, DoRA,
+`modules_to_save`, LoRA biases) is refused before anything loads, naming the export (`python -m vision_grpo.export`)
+as the way. With `--merge_adapter` the adapter is merged and the merged model saved for the engine to load.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
+from safetensors import safe_open
 
+from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from vision_grpo.evaluator import SEED, Evaluator
-from vision_grpo.modeling import resolve_model_path
+from vision_grpo.modeling import is_vision_parameter, resolve_model_path
 from vision_grpo.vllm_generation import check_engine_prompt, collapse_image_runs, pixel_kwargs, vision_logit_bias
+
+# vLLM's accepted `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class UnservableAdapter(ValueError):
+    """An adapter vLLM cannot apply unmerged: the exported (merged) model is the way to evaluate or serve it."""
+
+
+def check_vllm_lora(adapter: str | Path) -> int:
+    """Refuse, before any model loads, an adapter that vLLM's LoRA cannot serve; returns the `max_lora_rank` to
+    start the engine with."""
+    adapter = Path(adapter)
+    config = json.loads((adapter / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    with safe_open(str(adapter / ADAPTER_WEIGHTS), "pt") as weights:
+        names = weights.keys()  # a safetensors handle, not a dict
+    vision = [name for name in names if is_vision_parameter(name)]
+    rank = max([config["r"], *(config.get("rank_pattern") or {}).values()])
+    problems = []
+    if vision:
+        problems.append(
+            f"{len(vision)} LoRA weights on the vision tower (vLLM applies LoRA to the language model only, unless "
+            "its experimental enable_tower_connector_lora is on)"
+        )
+    if config.get("use_dora"):
+        problems.append("DoRA (use_dora)")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save {config['modules_to_save']}")
+    if config.get("bias", "none") != "none":
+        problems.append(f"LoRA bias {config['bias']!r}")
+    if rank > VLLM_LORA_RANKS[-1]:
+        problems.append(f"rank {rank} above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
+    if problems:
+        raise UnservableAdapter(
+            f"vLLM cannot apply the adapter {adapter} unmerged: {'; '.join(problems)}. Merge it: "
+            f"`python -m vision_grpo.export --adapter {adapter} --output <folder>`, then evaluate that folder "
+            "(--model_name_or_path <folder>, no --adapter), or pass --merge_adapter"
+        )
+    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
 
 
 class VLLMEvaluator(Evaluator):
-    """`Evaluator` whose `generate` runs a vLLM engine; the HF model (on the CPU) only supplies stop ids and the
-    weights of a merged adapter."""
+    """`Evaluator` whose `generate` runs a vLLM engine; the HF model (on the CPU) only supplies stop ids, the
+    verification of an adapter and the weights of a merged one."""
 
     def __init__(
         self, *args: Any, model_args: Any, adapter: str | None, trust_remote_code: bool, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         from vllm import LLM
+        from vllm.lora.request import LoRARequest
 
-        self._merged_dir = tempfile.TemporaryDirectory(prefix="vision-grpo-vllm-") if adapter else None
+        # An unmerged adapter: the HF model is still PEFT's wrapper (evaluate.py's --merge_adapter merges it).
+        unmerged = adapter is not None and hasattr(self.model, "merge_and_unload")
+        lora = {"enable_lora": True, "max_lora_rank": check_vllm_lora(adapter), "max_loras": 1} if unmerged else {}
+        self.lora_request = LoRARequest("adapter", 1, str(Path(adapter).resolve())) if unmerged else None
+        self._merged_dir = tempfile.TemporaryDirectory(prefix="vision-grpo-vllm-") if adapter and not unmerged else None
         self.llm = LLM(
             model=self._engine_weights(model_args.model_name_or_path),
             dtype=model_args.dtype or "auto",
@@ -39,14 +93,14 @@ class VLLMEvaluator(Evaluator):
             generation_config="vllm",  # nothing from the checkpoint's generation_config.json, as in the HF backend
             mm_processor_kwargs=pixel_kwargs(self.processor),
             limit_mm_per_prompt={"video": 0},  # images only: no video profiling
+            **lora,
         )
 
     def _engine_weights(self, model_name: str) -> str:
         """The folder the engine loads: the checkpoint itself, or the adapter merged into it and saved."""
         if self._merged_dir is None:
             return resolve_model_path(model_name)
-        merged = self.model.merge_and_unload() if hasattr(self.model, "merge_and_unload") else self.model
-        merged.save_pretrained(self._merged_dir.name)
+        self.model.save_pretrained(self._merged_dir.name)
         self.processor.save_pretrained(self._merged_dir.name)
         # The legacy image-processor file too: a processor saved without its video part (no torchvision) is then
         # still loadable by vLLM's AutoProcessor, which falls back to it for the video processor.
@@ -64,8 +118,12 @@ class VLLMEvaluator(Evaluator):
             skip_special_tokens=False,
         )
 
-    def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
+    def generate(
+        self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int, sampling: Any = None
+    ) -> list[dict]:
         """Completions as the HF backend returns them, from prompts the HF backend would have generated from."""
+        if sampling is not None:
+            raise NotImplementedError("the vLLM backend decodes greedily only: sample (pass@k) with the HF backend")
         if not rows:
             return []
         image_token_id = self.processor.image_token_id
@@ -77,7 +135,8 @@ class VLLMEvaluator(Evaluator):
             # `image`: one image or a row's list of images, one placeholder each
             for ids, image in zip(prompt_ids, images, strict=True)
         ]
-        outputs = self.llm.generate(prompts, self.sampling_params(max_new_tokens), use_tqdm=False)
+        params = self.sampling_params(max_new_tokens)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         for ids, output in zip(prompt_ids, outputs, strict=True):
             check_engine_prompt(ids, list(output.prompt_token_ids), image_token_id)
         return [self.completion(list(output.outputs[0].token_ids)) for output in outputs]
