@@ -6,41 +6,35 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from pathlib import Path
 
 import pytest
 import torch
-import trl.chat_template_utils as trl_templates
+import trl
 from conftest import FAMILY_MODELS
 from peft import get_peft_model
 from PIL import Image
 from safetensors.torch import load_file
+from tokenizers import Tokenizer, normalizers
+from transformers import AutoConfig
 from trl import ModelConfig
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
+from vision_grpo.data.geoqa_fixture import fixture_rows
 from vision_grpo.modeling import get_peft_config, get_processor, load_model, max_pixels_of, resolve_model_path
 from vision_grpo.tiny_model import FAMILIES, build_replica
 from vision_grpo.visual_tokens import VisualTokenMismatch, check_visual_tokens
 
 QUESTION = "How many circles are in the image?"
-# What each replica must be: the class transformers maps its config to, the processor class, TRL's template.
+# What each replica must be: the class transformers maps its config to, the processor class, and the file of the
+# chat template TRL ships (and recognises by exact string equality), read from TRL's package, not from the builder.
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 EXPECTED = {
-    "vision-grpo/tiny-qwen2.5-vl": (
-        "Qwen2_5_VLForConditionalGeneration",
-        "Qwen2_5_VLProcessor",
-        trl_templates.qwen2_5_vl_chat_template,
-    ),
-    "vision-grpo/tiny-qwen3-vl": (
-        "Qwen3VLForConditionalGeneration",
-        "Qwen3VLProcessor",
-        trl_templates.qwen3_vl_chat_template,
-    ),
-    "vision-grpo/tiny-qwen3.5": (
-        "Qwen3_5ForConditionalGeneration",
-        "Qwen3VLProcessor",
-        trl_templates.qwen3_5_think_chat_template,
-    ),
+    "vision-grpo/tiny-qwen2.5-vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", "qwen2_5_vl.jinja"),
+    "vision-grpo/tiny-qwen3-vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor", "qwen3_vl.jinja"),
+    "vision-grpo/tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor", "qwen3_5_think.jinja"),
 }
 # Image tokens for a 140x140 image: 10x10 patches of 14 px merged 2x2 (Qwen2.5-VL), 8x8 of 16 px (Qwen3 families).
 TOKENS_140PX = {"vision-grpo/tiny-qwen2.5-vl": 25, "vision-grpo/tiny-qwen3-vl": 16, "vision-grpo/tiny-qwen3.5": 16}
@@ -83,7 +77,8 @@ def test_building_is_deterministic_for_a_seed(family: str, tmp_path: Path) -> No
 
 
 def test_each_replica_loads_offline_as_its_family(name: str, processor) -> None:
-    model_class, processor_class, template = EXPECTED[name]
+    model_class, processor_class, template_file = EXPECTED[name]
+    template = (TRL_TEMPLATES / template_file).read_text(encoding="utf-8")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model = load_model(model_args(name))
     assert type(model).__name__ == model_class
@@ -93,8 +88,10 @@ def test_each_replica_loads_offline_as_its_family(name: str, processor) -> None:
     assert model.config.image_token_id == processor.image_token_id
     assert processor.tokenizer.padding_side == "left"
     folder = Path(resolve_model_path(name))
-    for filename in ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja"):
+    for filename in ("config.json", "model.safetensors", "chat_template.jinja"):
         assert (folder / filename).is_file(), filename
+    # Qwen3.5's Hub repositories ship no generation_config.json; the other two families' do.
+    assert (folder / "generation_config.json").is_file() == (name != "vision-grpo/tiny-qwen3.5")
     assert (folder / "chat_template.jinja").read_text(encoding="utf-8") == template
     for filename in ("processor_config.json", "tokenizer_config.json"):
         assert json.loads((folder / filename).read_text())["processor_class"] == processor_class
@@ -122,16 +119,66 @@ def test_family_config_features() -> None:
     assert qwen2_5.vision_config.patch_size == 14 and qwen2_5.vision_config.fullatt_block_indexes == [1]
     qwen3 = configs["vision-grpo/tiny-qwen3-vl"]
     assert qwen3.vision_config.patch_size == 16
-    assert all(0 <= i < qwen3.vision_config.depth for i in qwen3.vision_config.deepstack_visual_indexes)
     assert qwen3.text_config.rope_parameters["mrope_interleaved"] is True
+    # Three deepstack features, as the real model's, each entering one of the first three language-model layers.
+    deepstack = qwen3.vision_config.deepstack_visual_indexes
+    assert len(deepstack) == 3 and all(0 <= i < qwen3.vision_config.depth for i in deepstack)
+    assert qwen3.text_config.num_hidden_layers >= len(deepstack)
     qwen3_5 = configs["vision-grpo/tiny-qwen3.5"]
-    assert sorted(qwen3_5.text_config.layer_types) == ["full_attention", "linear_attention"]
     assert qwen3_5.vision_config.patch_size == 16
+    # The real 3:1 pattern: every fourth layer full attention, the others Gated DeltaNet; at least one full cycle.
+    layer_types = qwen3_5.text_config.layer_types
+    assert len(layer_types) >= 4
+    assert layer_types == [
+        "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(len(layer_types))
+    ]
+    for config in (qwen3, qwen3_5):  # learned vision position embeddings on the real 48 x 48 grid
+        assert config.vision_config.num_position_embeddings == 48 * 48
     for config in configs.values():  # the rotary sections cover exactly the rotated half of a head
         text = config.text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         rotary = int(head_dim * text.rope_parameters.get("partial_rotary_factor", 1.0))
         assert sum(text.rope_parameters["mrope_section"]) == rotary // 2
+
+
+def test_qwen2_5_vl_is_saved_flat_with_a_padded_vocabulary_as_on_the_hub() -> None:
+    """The Hub's Qwen2.5-VL config.json is the flat form (text keys at the top, `rope_scaling` of type mrope) that
+    transformers converts on load, and its vocabulary (151,936) is larger than the tokenizer's (151,665)."""
+    folder = Path(resolve_model_path("vision-grpo/tiny-qwen2.5-vl"))
+    saved = json.loads((folder / "config.json").read_text())
+    assert "text_config" not in saved and "rope_parameters" not in saved
+    assert saved["rope_scaling"]["type"] == "mrope" and saved["hidden_size"] == 128
+    config = AutoConfig.from_pretrained(folder)  # the conversion from the flat form
+    assert config.text_config.hidden_size == 128 and config.text_config.num_hidden_layers == 2
+    assert config.text_config.rope_parameters["mrope_section"] == saved["rope_scaling"]["mrope_section"]
+    assert config.text_config.rope_parameters["rope_theta"] == saved["rope_theta"]
+    assert config.tie_word_embeddings is True
+    model = load_model(model_args("vision-grpo/tiny-qwen2.5-vl"))
+    rows = model.get_input_embeddings().weight.shape[0]
+    tokenizer = get_processor(model_args("vision-grpo/tiny-qwen2.5-vl"), TaskArguments()).tokenizer
+    assert rows == config.text_config.vocab_size > len(tokenizer) and rows % 128 == 0
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+@pytest.mark.parametrize("name", ["vision-grpo/tiny-qwen3.5"])
+def test_qwen3_5_loads_its_own_tokenizer_class_and_keeps_geoqa_text(name: str, processor) -> None:
+    """Qwen3.5's tokenizer_config.json names `Qwen2Tokenizer`, which transformers replaces by `Qwen3_5Tokenizer`
+    (NFC normaliser, own split regex). GeoQA's Chinese, full-width punctuation and formulas must come back as
+    written: NFC keeps full-width `（）` and `，` (NFKC would turn them into ASCII), and composes a decomposed `é`."""
+    folder = Path(resolve_model_path(name))
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "Qwen2Tokenizer"
+    tokenizer = processor.tokenizer
+    assert type(tokenizer).__name__ == "Qwen3_5Tokenizer"
+    assert isinstance(tokenizer.backend_tokenizer.normalizer, normalizers.NFC)
+    trained = Tokenizer.from_file(str(folder / "tokenizer.json"))  # the pieces the merges were learnt on
+    texts = [row["subject"].strip() for row in fixture_rows(train_rows=12, test_rows=0, val_rows=0)]
+    texts += ["如图，在Rt△ABC中，∠C=90°，AC=3，BC=4，则AB的长为（）", "\\boxed{B} ⊙O∥√3≈1.73 café"]
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert tokenizer.decode(ids) == text, text
+        assert ids == trained.encode(text, add_special_tokens=False).ids, text
+    assert tokenizer.encode(unicodedata.normalize("NFD", "café")) == tokenizer.encode("café")
+    assert [tokenizer.decode([i]) for i in tokenizer.encode("AB=120")][-3:] == ["1", "2", "0"]
 
 
 def test_generation_prompts_render_as_the_family_does(name: str, processor) -> None:
