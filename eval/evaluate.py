@@ -23,6 +23,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,6 @@ from typing import Any
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
-from PIL import Image
 from tqdm.auto import tqdm
 from trl import GRPOConfig, ModelConfig
 
@@ -42,7 +42,7 @@ from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
 from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_base_model, check_adapter_dir
 from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, control_images, default_max_new_tokens
+from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, chunks, default_max_new_tokens, read_batch
 from vision_grpo.modeling import max_pixels_of
 from vision_grpo.recipe_run import decided_by_main_process, from_main_process
 from vision_grpo.runs import content_digest, dataset_identity, model_identity, package_versions, write_text_atomic
@@ -243,10 +243,22 @@ def write_partial(partial: Path, metadata: dict[str, Any], records: Iterable[dic
     write_text_atomic(partial, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
 
 
-def by_prompt_length(evaluator: Evaluator, rows: dict[int, dict], images: list[Image.Image]) -> list[int]:
-    """The indices of `rows`, shortest rendered prompt first (ties in item order): batches with little padding."""
-    lengths = {i: evaluator.prompt_length(row, images[i]) for i, row in rows.items()}
-    return sorted(rows, key=lambda i: (lengths[i], i))
+def by_prompt_length(evaluator: Evaluator, dataset: Any, todo: list[int], batch_size: int) -> list[int]:
+    """`todo`, shortest rendered prompt first (ties in item order): batches with little padding.
+
+    The lengths are counted a batch of rows at a time, each process a share of them, then gathered: every process
+    gets the same order, and no process holds more than one batch of decoded images.
+    """
+    state = PartialState()
+    lengths = []
+    for indices in chunks(todo[state.process_index :: state.num_processes], batch_size):
+        rows, images = read_batch(dataset, indices)
+        lengths += [
+            (evaluator.prompt_length(row, image), i) for i, row, image in zip(indices, rows, images, strict=True)
+        ]
+    if state.num_processes > 1:
+        lengths = gather_object(lengths)
+    return [i for _, i in sorted(lengths)]
 
 
 def run_evaluation(
@@ -258,8 +270,11 @@ def run_evaluation(
 ) -> dict[str, Any]:
     """Evaluate `dataset`, appending records to the partial file; write and return the final result.
 
-    With several processes (`accelerate launch`), each round gives every process its own batch; the main process
-    gathers the round's records, appends them to the one partial file and writes the one result, in item order.
+    Rows are read and their images decoded one batch at a time, as the batch is generated (controls built from the
+    batch), so memory holds the records and one batch, whatever the size of the split. With several processes
+    (`accelerate launch`), each round gives every process its own batch; a process with no batch left in the last
+    round still takes part in the round's gather and adds nothing. The main process appends the round's records to
+    the one partial file and writes the one result, in item order.
     """
     state = PartialState()
     ids = list(dataset["id"])
@@ -278,18 +293,19 @@ def run_evaluation(
         write_partial(partial, metadata, done.values())
     done = from_main_process(done)
     start = time.perf_counter()  # samples/s includes the bucketing's own cost (one more render per item)
-    images = control_images(dataset, eval_args.image_control)
-    rows = {i: dataset[i] for i, row_id in enumerate(ids) if row_id not in done}
-    todo = by_prompt_length(evaluator, rows, images) if eval_args.bucket_by_length else list(rows)
-    batches = [todo[first : first + eval_args.batch_size] for first in range(0, len(todo), eval_args.batch_size)]
+    todo = [i for i, row_id in enumerate(ids) if row_id not in done]
+    if eval_args.bucket_by_length:
+        todo = by_prompt_length(evaluator, dataset, todo, eval_args.batch_size)
+    batches = chunks(todo, eval_args.batch_size)
     world, rank = state.num_processes, state.process_index
     sink = partial.open("a", encoding="utf-8") if state.is_main_process else nullcontext()
     bar = tqdm(total=len(ids), initial=len(done), desc="eval", disable=not state.is_main_process)
     with sink, bar:
         for first in range(0, len(batches), world):
             mine = batches[first + rank] if first + rank < len(batches) else []
-            generated = evaluator.generate([rows[i] for i in mine], [images[i] for i in mine], max_new_tokens)
-            records = [evaluator.record(rows[i], result) for i, result in zip(mine, generated, strict=True)]
+            rows, images = read_batch(dataset, mine, eval_args.image_control)
+            generated = evaluator.generate(rows, images, max_new_tokens)
+            records = [evaluator.record(row, result) for row, result in zip(rows, generated, strict=True)]
             if world > 1:
                 records = gather_object(records)
             for record in records:
@@ -351,6 +367,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             check_vllm_lora(eval_args.adapter)
     configure_threads()
     state = PartialState()
+    if eval_args.backend == "vllm" and state.num_processes > 1:
+        raise ValueError(
+            f"--backend vllm runs one engine in one process, and this is process {state.process_index} of "
+            f"{state.num_processes} (accelerate launch or torchrun): an engine per rank would each hold a whole "
+            f"model and the HF model beside it. Start it as one process: python eval/evaluate.py {shlex.join(argv)}"
+        )
     max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)
     settings = {
         "recipe": recipe_path_of(argv),

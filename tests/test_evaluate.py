@@ -39,7 +39,7 @@ from vision_grpo.eval import evaluate
 from vision_grpo.eval.adapters import AdapterMismatch, load_verified_adapter
 from vision_grpo.eval.evaluate import TIMING_KEYS, EvalArguments, partial_path, reproducible_argv
 from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import Evaluator, control_images, default_max_new_tokens
+from vision_grpo.evaluator import Evaluator, default_max_new_tokens
 from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
 from vision_grpo.tiny_model import FAMILIES, build_tokenizer, qwen2_5_vl_config
 
@@ -467,17 +467,6 @@ def test_batch_size_one_and_eight_give_identical_records(
     assert one["records"] == eight["records"]
 
 
-def test_control_images() -> None:
-    images = [Image.new("RGB", (20 + i, 30), (i, 0, 0)) for i in range(4)]
-    blank = control_images({"image": images}, "blank")
-    assert [b.size for b in blank] == [i.size for i in images]
-    assert all(b.getextrema() == ((255, 255),) * 3 for b in blank)
-    shuffled = control_images({"image": images}, "shuffled")
-    assert sorted(map(id, shuffled)) == sorted(map(id, images))
-    assert all(s is not i for s, i in zip(shuffled, images, strict=True))
-    assert control_images({"image": images}, "none") == images
-
-
 def test_reproducible_argv_drops_only_resume() -> None:
     argv = ["--config", "r.yaml", "--resume", "--limit", "4", "--resume", "true", "--resume=false", "--merge_adapter"]
     assert reproducible_argv(argv) == ["--config", "r.yaml", "--limit", "4", "--merge_adapter"]
@@ -638,3 +627,70 @@ def test_the_bucketing_length_is_the_rendered_prompt_length(geoqa_fixture: Path,
     lengths = [evaluator.prompt_length(row, row["image"]) for row in rows]
     assert lengths == [evaluator.encode([row], [row["image"]])["input_ids"].shape[1] for row in rows]
     assert len(set(lengths)) > 1, "all prompts of one length: the comparison would be weak"
+
+
+THIRTEEN_BATCHES = ["--config", SHAPES_RECIPE, "--limit", "13", "--batch_size", "1", "--max_new_tokens", "6"]
+
+
+def launch_evaluation(processes: int, output: Path, *args: str) -> dict:
+    """`accelerate launch` with the shipped CPU config (torchrun underneath: really `processes` workers)."""
+    launch = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    run_script([*launch, "--num_processes", str(processes), "eval/evaluate.py", *args, "--output", str(output)])
+    return json.loads(output.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def one_process_thirteen(varied_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    output = tmp_path_factory.mktemp("thirteen") / "one.json"
+    return evaluate_to(output, *THIRTEEN_BATCHES, "--model_name_or_path", str(varied_model))
+
+
+def _without_timing(result: dict) -> dict:
+    return {**result, "summary": {k: v for k, v in result["summary"].items() if k not in TIMING_KEYS}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [2, 3])
+def test_thirteen_batches_on_several_processes_give_the_one_process_records(
+    processes: int, varied_model: Path, one_process_thirteen: dict, tmp_path: Path
+) -> None:
+    """13 batches do not divide over 2 or 3 processes: in the last round some ranks have no batch, and must still
+    take part in the gather and add nothing."""
+    many = launch_evaluation(
+        processes, tmp_path / "many.json", *THIRTEEN_BATCHES, "--model_name_or_path", str(varied_model)
+    )
+    assert many["metadata"]["num_processes"] == processes, "the launcher did not start the processes asked for"
+    assert len({r["text"] for r in one_process_thirteen["records"]}) >= 5, "outputs barely depend on the input"
+    assert many["records"] == one_process_thirteen["records"]
+    assert _without_timing(many)["summary"] == _without_timing(one_process_thirteen)["summary"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.json"], "partial or lock files left behind"
+
+
+@pytest.mark.slow
+def test_a_two_process_resume_with_one_batch_left(
+    varied_model: Path, one_process_thirteen: dict, tmp_path: Path
+) -> None:
+    """An interrupted run with 12 of 13 records: one batch is left, so rank 1 has nothing to generate."""
+    output = tmp_path / "resumed.json"
+    kept = one_process_thirteen["records"][:12]
+    lines = [{"metadata": one_process_thirteen["metadata"]}, *kept]
+    partial_path(output).write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    args = [*THIRTEEN_BATCHES, "--model_name_or_path", str(varied_model), "--resume"]
+    resumed = launch_evaluation(2, output, *args)
+    assert resumed["metadata"]["num_processes"] == 2
+    assert resumed["records"] == one_process_thirteen["records"]
+    assert resumed["summary"]["samples_per_s"] == pytest.approx(1 / resumed["summary"]["total_seconds"])
+
+
+@pytest.mark.slow
+def test_vllm_under_a_multi_process_launch_is_refused_with_the_command_that_works(tmp_path: Path) -> None:
+    """Refused on every rank before any model or engine loads (vLLM is not even imported), naming the one-process
+    command with the same arguments."""
+    output = tmp_path / "eval.json"
+    launch = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml", "eval/evaluate.py"]
+    args = ["--config", SHAPES_RECIPE, "--backend", "vllm", "--limit", "2", "--output", str(output)]
+    process = run_script([*launch, *args], check=False)
+    assert process.returncode != 0
+    assert process.stderr.count("--backend vllm runs one engine in one process") == 2, "each rank refuses"
+    assert f"python eval/evaluate.py {' '.join(args)}" in process.stderr
+    assert "No module named 'vllm'" not in process.stderr and not list(tmp_path.iterdir())

@@ -18,7 +18,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 
 from vision_grpo.data import get_dataset
 from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import Evaluator, default_max_new_tokens
+from vision_grpo.evaluator import Evaluator, chunks, default_max_new_tokens, read_batch
 from vision_grpo.modeling import max_pixels_of
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class HoldoutAccuracy(TrainerCallback):
         if is_deepspeed_zero3_enabled():
             raise ValueError("holdout_eval_steps does not work with DeepSpeed ZeRO-3 (sharded weights); set it to 0")
         self.trainer = trainer
-        self.rows = list(rows)  # decoded once: the same images at every evaluation
+        self.rows = rows  # a Dataset: each measurement reads (and decodes) one batch at a time
         self.task = task
         self.reward_funcs = reward_funcs
         self.every = every
@@ -176,10 +176,10 @@ class HoldoutAccuracy(TrainerCallback):
         evaluator = self.evaluator()
         records = []
         try:
-            for first in range(0, len(self.rows), args.per_device_eval_batch_size):
-                batch = self.rows[first : first + args.per_device_eval_batch_size]
-                generated = evaluator.generate(batch, [row["image"] for row in batch], self.max_new_tokens)
-                records += [evaluator.record(row, result) for row, result in zip(batch, generated, strict=True)]
+            for indices in chunks(range(len(self.rows)), args.per_device_eval_batch_size):
+                rows, images = read_batch(self.rows, indices)
+                generated = evaluator.generate(rows, images, self.max_new_tokens)
+                records += [evaluator.record(row, result) for row, result in zip(rows, generated, strict=True)]
         finally:
             model.train(was_training)
         summary = summarize(records)

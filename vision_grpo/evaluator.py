@@ -8,7 +8,7 @@ the numbers they report come from one rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -105,10 +105,23 @@ class Evaluator:
         return len(self.processor.tokenizer(text)["input_ids"]) + sum(sizes["num_image_tokens"]) - len(images)
 
     @torch.inference_mode()
-    def generate(self, rows: list[dict[str, Any]], images: list[Image.Image], max_new_tokens: int) -> list[dict]:
-        """Completions for `rows` with `images` in their image slots: text, token count, whether cut off."""
+    def generate(
+        self,
+        rows: list[dict[str, Any]],
+        images: list[Any],
+        max_new_tokens: int,
+        sampling: GenerationConfig | None = None,
+    ) -> list[dict]:
+        """Completions for `rows` with `images` in their image slots: text, token count, whether cut off.
+
+        Greedy (`generation_config`), or with `sampling` (pass@k) its `num_return_sequences` completions per row,
+        each row's next to each other. No rows, no completions: a rank with no batch left in a round still reaches
+        the round's gather.
+        """
+        if not rows:
+            return []
         inputs = self.encode(rows, images)
-        config = self.generation_config(max_new_tokens)
+        config = sampling or self.generation_config(max_new_tokens)
         with only_generation_config(self.model, config):
             output = self.model.generate(**inputs, generation_config=config)
         return [self.completion(ids) for ids in output[:, inputs["input_ids"].shape[1] :].tolist()]
@@ -170,18 +183,41 @@ def _as_list(value: Any) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def control_images(dataset: Any, control: str) -> list[Any]:
-    """Each item's image(s) to show: the real ones, white canvases of the same sizes, or the next item's."""
-    columns = getattr(dataset, "column_names", dataset)  # a Dataset, or a dict of columns
-    images = list(dataset["image"] if "image" in columns else dataset["images"])
+def images_of(row: dict[str, Any]) -> Any:
+    """A row's image, or its list of images (the `images` column of multi-image tasks)."""
+    return row["image"] if "image" in row else row["images"]
+
+
+def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
+    """`indices` in consecutive batches of `size` (the last one shorter)."""
+    return [list(indices[first : first + size]) for first in range(0, len(indices), size)]
+
+
+def rows_at(dataset: Any, indices: Sequence[int]) -> list[dict[str, Any]]:
+    """The rows of `dataset` at `indices`, read (their images decoded) now: one batch at a time, never the split."""
+    if not indices:
+        return []
+    columns = dataset[list(indices)]
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+def read_batch(dataset: Any, indices: Sequence[int], control: str = "none") -> tuple[list[dict], list[Any]]:
+    """The rows at `indices` and the image(s) each is shown: its own, white canvases of the same sizes (`blank`), or
+    the next row's in `dataset` (`shuffled`, the last row gets the first's). Built per batch, so the split's images
+    are never all held at once."""
+    rows = rows_at(dataset, indices)
+    if control == "none":
+        return rows, [images_of(row) for row in rows]
     if control == "blank":
-        return [[_white(i) for i in image] if isinstance(image, list) else _white(image) for image in images]
+        return rows, [_blank(images_of(row)) for row in rows]
     if control == "shuffled":
-        return images[1:] + images[:1]  # every item gets another item's image
-    return images
+        return rows, [images_of(row) for row in rows_at(dataset, [(i + 1) % len(dataset) for i in indices])]
+    raise ValueError(f"image control must be none, blank or shuffled, got {control!r}")
 
 
-def _white(image: Image.Image) -> Image.Image:
+def _blank(image: Any) -> Any:
+    if isinstance(image, list):
+        return [_blank(each) for each in image]
     return Image.new("RGB", image.size, "white")
 
 
