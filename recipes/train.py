@@ -15,6 +15,7 @@ from trl import GRPOConfig
 
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.data import get_dataset
+from vision_grpo.logprob_guard import LogprobGapGuard
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.recipe_run import RecipeRun
 from vision_grpo.rewards import get_recipe_rewards
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> Path:
             TensorBoardHParams(run.run_dir, recipe_hparams(task_args, training_args, model_args)),
         ],
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
+        logprob_guard=LogprobGapGuard.from_recipe(task_args),
     )
     if task_args.holdout_eval_steps > 0:
         trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))

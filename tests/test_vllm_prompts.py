@@ -6,8 +6,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from PIL import Image
+from trl import GRPOConfig, ModelConfig
 from trl.generation.vllm_generation import VLLMGeneration
 
+from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.logprob_guard import GAP_KEY, LogprobGapError, LogprobGapGuard
 from vision_grpo.modeling import vision_special_token_ids
 from vision_grpo.processing import load_processor
@@ -18,6 +21,7 @@ from vision_grpo.vllm_generation import (
     VisionVLLMGeneration,
     check_engine_prompt,
     collapse_image_runs,
+    pixel_kwargs,
 )
 
 PAD = 7  # an image token id for the pure-list tests
@@ -39,21 +43,29 @@ def rendered(processor):
     return list(expanded["input_ids"][0]), processor.tokenizer(text)["input_ids"]
 
 
-class FakeEngine:
-    """Expands every image token of a prompt into `n` tokens, as vLLM does with the image it is given."""
+class ImageExpandingEngine:
+    """Expands image placeholders as vLLM does: the first image token left for each image becomes as many tokens as
+    the image processor makes of that image, resized with the `mm_processor_kwargs` the prompt carries (a prompt
+    whose placeholders are already expanded keeps its surplus tokens, as in huggingface/trl#6294)."""
 
-    def __init__(self, image_token_id: int, n: int) -> None:
-        self.image_token_id, self.n, self.received = image_token_id, n, []
+    def __init__(self, processor) -> None:
+        self.processor, self.received = processor, []
+
+    def image_tokens(self, image, mm_processor_kwargs: dict) -> int:
+        processed = self.processor.image_processor(images=[image], return_tensors="pt", **mm_processor_kwargs)
+        return int(processed["image_grid_thw"].prod()) // self.processor.image_processor.merge_size**2
 
     def generate(self, prompts, *args, **kwargs):
         self.received.extend(prompts)
         outputs = []
         for prompt in prompts:
-            ids = [
-                t
-                for token in prompt["prompt_token_ids"]
-                for t in ([token] * self.n if token == self.image_token_id else [token])
-            ]
+            images = iter(prompt.get("multi_modal_data", {}).get("image", []))
+            ids = []
+            for token in prompt["prompt_token_ids"]:
+                image = next(images, None) if token == self.processor.image_token_id else None
+                ids += [token] * (
+                    1 if image is None else self.image_tokens(image, prompt.get("mm_processor_kwargs", {}))
+                )
             outputs.append(SimpleNamespace(prompt_token_ids=ids))
         return outputs
 
@@ -72,30 +84,48 @@ def test_collapsing_keeps_one_placeholder_per_image_and_every_other_token() -> N
     assert collapse_image_runs([1, 2, 3], PAD) == [1, 2, 3]
 
 
-def test_the_engine_gets_unexpanded_prompts_with_the_trainers_pixel_limits(rendered, processor) -> None:
-    expanded, unexpanded = rendered
-    n = expanded.count(processor.image_token_id)
-    fake = FakeEngine(processor.image_token_id, n)
-    engine = VisionPromptEngine(fake, processor.image_token_id, {"size": dict(processor.image_processor.size)})
-    engine.generate([{"prompt_token_ids": expanded, "multi_modal_data": {"image": "img"}}])
-    assert fake.received[0]["prompt_token_ids"] == unexpanded
-    assert fake.received[0]["mm_processor_kwargs"] == {"size": processor.image_processor.size}
+def two_image_prompt(processor) -> tuple[list[int], list]:
+    """The trainer's expanded ids for a prompt with two images of different sizes (neither at the pixel cap)."""
+    images = [Image.new("RGB", (150, 90), "red"), Image.new("RGB", (60, 100), "blue")]
+    content = [
+        {"type": "image", "image": images[0]},
+        {"type": "text", "text": "and"},
+        {"type": "image", "image": images[1]},
+    ]
+    messages = [{"role": "user", "content": content}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(rendered["input_ids"][0]), images
+
+
+def test_the_engine_expands_prompts_to_the_trainers_ids_with_the_trainers_pixel_limits(processor) -> None:
+    """The expansion is the engine's, from the images and the pixel limits the wrapper sends: not a count the test
+    picks. The trainer's prompt through the wrapper comes back token for token."""
+    expanded, images = two_image_prompt(processor)
+    engine = VisionPromptEngine(ImageExpandingEngine(processor), processor.image_token_id, pixel_kwargs(processor))
+    (output,) = engine.generate([{"prompt_token_ids": expanded, "multi_modal_data": {"image": images}}])
+    assert output.prompt_token_ids == expanded
+    assert engine.llm.received[0]["prompt_token_ids"].count(processor.image_token_id) == 2
     assert engine.reset_prefix_cache() == "engine's own"  # everything else is the engine's
 
 
-def test_trls_expanded_prompt_expanded_again_is_refused(rendered, processor) -> None:
-    """What TRL 1.16 sends, through an engine that expands again: the engine-prompt check refuses it."""
-    expanded, _ = rendered
-    fake = FakeEngine(processor.image_token_id, expanded.count(processor.image_token_id))
-    output = fake.generate([{"prompt_token_ids": expanded}])[0]
+def test_trls_expanded_prompt_or_other_pixel_limits_are_refused(processor) -> None:
+    """What TRL 1.16 sends (the expanded ids, each image token expanded again), and an engine resizing with other
+    pixel limits: the engine's prompt differs from the trainer's, and the check refuses both."""
+    expanded, images = two_image_prompt(processor)
+    fake = ImageExpandingEngine(processor)
+    prompt = {"prompt_token_ids": expanded, "multi_modal_data": {"image": images}}
+    (raw,) = fake.generate([prompt])
     with pytest.raises(PromptMismatchError, match="pixel limits"):
-        check_engine_prompt(expanded, output.prompt_token_ids, processor.image_token_id)
+        check_engine_prompt(expanded, raw.prompt_token_ids, processor.image_token_id)
+    smaller = {"size": {**processor.image_processor.size, "longest_edge": 28 * 28 * 4}}
+    with pytest.raises(PromptMismatchError, match="pixel limits"):
+        VisionPromptEngine(fake, processor.image_token_id, smaller).generate([prompt])
 
 
 def _generation(mode: str, processor) -> VLLMGeneration:
     generation = object.__new__(VLLMGeneration)  # TRL's object without starting an engine
     generation.mode, generation.generation_kwargs, generation.processing_class = mode, {"seed": 1}, processor
-    generation.llm = FakeEngine(processor.image_token_id, 25)
+    generation.llm = ImageExpandingEngine(processor)
     return generation
 
 
@@ -120,24 +150,60 @@ def test_a_server_with_other_pixel_limits_is_refused(rendered, processor) -> Non
         generation._place_features(other, expanded)
 
 
+def _started(guard: LogprobGapGuard, **sampling: float) -> LogprobGapGuard:
+    """The guard after train start with TRL's sampling defaults (no truncation) or `sampling`'s."""
+    settings = {"top_p": 1.0, "top_k": 0, "min_p": None, **sampling}
+    args = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True, **settings)
+    guard.on_train_begin(args, SimpleNamespace(global_step=0), None)
+    return guard
+
+
 def _log(guard: LogprobGapGuard, step: int, gap: float) -> None:
-    args = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True)
-    guard.on_log(args, SimpleNamespace(global_step=step), None, logs={GAP_KEY: gap})
+    guard.on_log(None, SimpleNamespace(global_step=step), None, logs={GAP_KEY: gap})
 
 
 def test_the_guard_stops_a_wide_gap_on_the_first_steps_naming_the_causes() -> None:
-    guard = LogprobGapGuard(threshold=0.05, steps=3)
+    guard = _started(LogprobGapGuard(threshold=0.05, steps=3))
     _log(guard, 1, 0.01)
     with pytest.raises(LogprobGapError) as error:
         _log(guard, 2, 0.10)
-    for cause in ("prompt form", "pixel limits", "chat template", "weight sync"):
+    for cause in ("prompt form", "pixel limits", "chat template", "weight sync", "logprob_gap_threshold 0.05"):
         assert cause in str(error.value)
 
 
 def test_the_guard_lets_later_steps_drift_but_always_checks_the_first_gap() -> None:
-    guard = LogprobGapGuard(threshold=0.05, steps=3)
+    guard = _started(LogprobGapGuard(threshold=0.05, steps=3))
     _log(guard, 1, 0.01)
     _log(guard, 10, 0.5)  # the policy moved: not checked
     assert guard.gaps == [(1, 0.01), (10, 0.5)]
     with pytest.raises(LogprobGapError):
-        _log(LogprobGapGuard(threshold=0.05, steps=3), 20, 0.5)  # first logged gap, late (logging_steps 20)
+        _log(_started(LogprobGapGuard(threshold=0.05, steps=3)), 20, 0.5)  # first logged gap, late (logging_steps 20)
+
+
+@pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 20}, {"min_p": 0.05}])
+def test_with_truncated_sampling_the_guard_warns_naming_the_truncation(truncation, caplog) -> None:
+    guard = _started(LogprobGapGuard(threshold=0.05), **truncation)
+    with caplog.at_level("WARNING", logger="vision_grpo.logprob_guard"):
+        _log(guard, 1, 0.11)
+    ((key, value),) = truncation.items()
+    assert f"{key}={value}" in caplog.text and "renormalised" in caplog.text and "top_p 1.0" in caplog.text
+
+
+def test_the_guard_follows_its_recipe_keys(caplog) -> None:
+    task_args = parse_recipe(
+        (TaskArguments, GRPOConfig, ModelConfig),
+        ["--config", "recipes/shapes/tiny_cpu.yaml", "--logprob_gap_threshold", "0.2", "--logprob_gap_action", "warn"],
+    )[0]
+    guard = _started(LogprobGapGuard.from_recipe(task_args))
+    _log(guard, 1, 0.15)  # under the recipe's threshold: nothing
+    assert not caplog.text
+    with caplog.at_level("WARNING", logger="vision_grpo.logprob_guard"):
+        _log(guard, 2, 0.3)  # over it, with `warn`: a warning, training goes on
+    assert "logprob_gap_threshold 0.2" in caplog.text
+    default = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", "recipes/shapes/tiny_cpu.yaml"])[0]
+    assert LogprobGapGuard.from_recipe(default).action == "stop"
+    with pytest.raises(RecipeError, match="logprob_gap_action"):
+        parse_recipe(
+            (TaskArguments, GRPOConfig, ModelConfig),
+            ["--config", "recipes/shapes/tiny_cpu.yaml", "--logprob_gap_action", "halt"],
+        )

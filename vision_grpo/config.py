@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
+from vision_grpo.logprob_guard import DEFAULT_THRESHOLD
 from vision_grpo.recipe_help import exit_with_help
 from vision_grpo.tasks import TaskPluginError, discover, task_of
 
@@ -83,6 +84,14 @@ class BaseTaskArguments:
     # Held-out accuracy during training.
     holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
     holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
+    # The vLLM logprob-gap guard (vision_grpo/logprob_guard.py; docs/evaluation.md has its calibration).
+    logprob_gap_threshold: float = field(
+        default=DEFAULT_THRESHOLD,
+        metadata={"help": "vLLM only: mean sampler/trainer logprob gap (nats) the first steps allow."},
+    )
+    logprob_gap_action: str = field(
+        default="stop", metadata={"help": "vLLM only: `stop` training or `warn` when the gap exceeds the threshold."}
+    )
     # Reusing a run folder.
     overwrite_run: bool = field(
         default=False, metadata={"help": "Delete the earlier run in this run folder and start over."}
@@ -107,6 +116,8 @@ class BaseTaskArguments:
             raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
+        if not self.logprob_gap_threshold > 0 or self.logprob_gap_action not in ("stop", "warn"):
+            raise RecipeError("logprob_gap_threshold must be positive and logprob_gap_action `stop` or `warn`")
         try:
             task = task_of(self)
             if task.check is not None:

@@ -23,7 +23,13 @@ class VisionGRPOTrainer(GRPOTrainer):
     pass inside the completion, where Qwen-VL models read it as the start of an image or video that has no features.
     """
 
-    def __init__(self, *args: Any, vision_lr_scale: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        vision_lr_scale: float | None = None,
+        logprob_guard: LogprobGapGuard | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.vision_lr_scale = vision_lr_scale
         super().__init__(*args, **kwargs)
         if not self.use_vllm:  # vLLM samples with its own logits processing
@@ -33,7 +39,7 @@ class VisionGRPOTrainer(GRPOTrainer):
             self.generation_config.suppress_tokens = suppressed
         else:  # un-expanded prompts into the engine, vision tokens biased away, the logprob gap guarded
             VisionVLLMGeneration.of(self.vllm_generation, self.processing_class)
-            self.add_callback(LogprobGapGuard())
+            self.add_callback(logprob_guard or LogprobGapGuard())
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
