@@ -13,6 +13,7 @@ of images for the template) is an error naming its id; with `skip_bad_rows` it i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
@@ -22,6 +23,7 @@ from typing import Any
 
 import datasets
 import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
 from vision_grpo.data import report_unused
@@ -62,12 +64,33 @@ class VQADataError(ValueError):
     """A VQA source or row that cannot be used as configured."""
 
 
+class TemplateRefused(ValueError):
+    """A prompt template that asks for what the sandbox refuses: the recipe's fault, never a bad row to skip."""
+
+
 def check(task_args: Any) -> None:
     if task_args.vqa_answer_type not in ANSWER_TYPES:
         raise ValueError(f"vqa_answer_type: {task_args.vqa_answer_type!r} is not one of {list(ANSWER_TYPES)}")
     if task_args.vqa_answer_type == "choice" and not task_args.vqa_choices_column:
         raise ValueError("vqa_answer_type: choice needs `vqa_choices_column` (the options the letters stand for)")
-    _template(task_args)  # a template that does not compile fails before anything loads
+    # A template that does not compile, or reaches for what the sandbox refuses, fails before anything loads.
+    template = _template(task_args)
+    for choices in ([], ["first", "second"]):
+        # Stand-in values a template may not expect (`choices[3]`) fail here; each row's own error names the row.
+        with contextlib.suppress(jinja2.TemplateError):  # TemplateRefused is not one: it propagates
+            render(template, "question", choices)
+
+
+def render(template: jinja2.Template, question: Any, choices: list[Any]) -> str:
+    """The prompt text of one row. A template is data, not code: it renders in Jinja's immutable sandbox, and
+    anything the sandbox refuses (attributes such as `__globals__`, mutating calls) is an error naming the key."""
+    try:
+        return template.render(question=question, choices=choices, letters=LETTERS)
+    except jinja2.exceptions.SecurityError as error:
+        raise TemplateRefused(
+            f"vqa_prompt_template: refused by the Jinja sandbox ({error}); a template may read "
+            "`question`, `choices` and `letters` only"
+        ) from None
 
 
 def _template(task_args: Any) -> jinja2.Template:
@@ -78,7 +101,7 @@ def _template(task_args: Any) -> jinja2.Template:
             raise ValueError(f"vqa_prompt_template: template file {path} does not exist")
         text = path.read_text(encoding="utf-8")
     try:
-        return jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False).from_string(text)
+        return ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False).from_string(text)
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"vqa_prompt_template: not a valid Jinja template ({error})") from error
 
@@ -155,7 +178,7 @@ def _answer(row: dict[str, Any], task_args: Any) -> str:
 def _row(row: dict[str, Any], index: int, task_args: Any, template: jinja2.Template, max_pixels: int) -> dict[str, Any]:
     """One training/evaluation row; raises VQADataError naming what is wrong (the caller adds the id)."""
     choices = list(row[task_args.vqa_choices_column] or []) if task_args.vqa_choices_column else []
-    text = template.render(question=row[task_args.vqa_question_column], choices=choices, letters=LETTERS)
+    text = render(template, row[task_args.vqa_question_column], choices)
     value = row[task_args.vqa_image_column]
     images = [_open_image(v, task_args.vqa_image_folder) for v in (value if isinstance(value, list) else [value])]
     for image in images:
@@ -205,6 +228,8 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     for index, raw in enumerate(source):
         try:
             rows.append(_row(raw, index, task_args, template, max_pixels))
+        except TemplateRefused:
+            raise
         except (VQADataError, OSError, ValueError) as error:  # ValueError: make_example's RowRefused too
             where = f"VQA row id={_row_id(raw, index, task_args)!r}"
             if not task_args.skip_bad_rows:

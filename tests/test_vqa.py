@@ -156,3 +156,28 @@ def test_a_prompt_template_file_is_read_and_a_broken_one_named(fixtures: Path, t
     template.write_text("{{ question ")
     with pytest.raises(RecipeError, match="vqa_prompt_template: not a valid Jinja template"):
         task_args(FIXTURE_RECIPES[1], fixtures, "--vqa_prompt_template", str(template))
+
+
+ATTACK = "{{{{ cycler.__init__.__globals__.os.system('touch {marker}') }}}}"
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+def test_a_prompt_template_cannot_run_code(fixtures: Path, tmp_path: Path, as_file: bool) -> None:
+    marker = tmp_path / "ran"
+    template = ATTACK.format(marker=marker) + " {{ question }}"
+    if as_file:
+        (tmp_path / "attack.jinja").write_text(template)
+        template = str(tmp_path / "attack.jinja")
+    with pytest.raises(RecipeError, match=r"vqa_prompt_template: refused by the Jinja sandbox .*__init__"):
+        task_args(FIXTURE_RECIPES[1], fixtures, "--vqa_prompt_template", template)
+    assert not marker.exists()
+
+
+def test_a_template_refused_on_a_row_is_never_skipped_as_a_bad_row(fixtures: Path, tmp_path: Path) -> None:
+    """A branch the recipe check's stand-in values do not take is refused when a row takes it, skip_bad_rows or not."""
+    marker = tmp_path / "ran"
+    template = "{% if question.startswith('How') %}" + ATTACK.format(marker=marker) + "{% endif %}{{ question }}"
+    args = task_args(FIXTURE_RECIPES[1], fixtures, "--vqa_prompt_template", template, "--skip_bad_rows", "true")
+    with pytest.raises(ValueError, match=r"vqa_prompt_template: refused by the Jinja sandbox"):
+        get_dataset(args, "train", MAX_PIXELS)
+    assert not marker.exists()
