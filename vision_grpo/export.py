@@ -11,8 +11,9 @@ the same way. The model, processor and chat template come from the recipe (the r
 `--config` names one; other recipe keys can be overridden on the command line), so the exported processor resizes
 images with the pixel limits training used. The folder holds what a Hub Qwen-VL checkpoint holds: sharded
 safetensors, config.json, the base's `generation_config.json` byte for byte (none when the base has none, as
-Qwen3.5 ships none), the processor and tokenizer files with the chat template, `preprocessor_config.json` (vLLM's
-processor falls back to it for the video processor when torchvision is missing), and a model card (README.md).
+Qwen3.5 ships none; a full fine-tuned run's own), the processor and tokenizer files with the chat template,
+`preprocessor_config.json` (vLLM's processor falls back to it for the video processor when torchvision is
+missing), and a model card (README.md).
 
 The folder is written under a temporary name beside `--output` and renamed at the end, so `--output` never holds
 half an export. `--push_to_hub <repo>` uploads it with huggingface_hub; it needs the network and a token
@@ -22,6 +23,7 @@ half an export. `--push_to_hub <repo>` uploads it with huggingface_hub; it needs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
@@ -34,8 +36,14 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FULL_MODEL_FILES, load_verified_adapter
+from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
+from vision_grpo.eval.adapters import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    FULL_MODEL_FILES,
+    AdapterMismatch,
+    load_verified_adapter,
+)
 from vision_grpo.model_card import write_model_card
 from vision_grpo.modeling import get_processor, is_vision_parameter, load_model, resolve_model_path
 from vision_grpo.runs import content_digest, model_identity, read_manifest
@@ -242,9 +250,7 @@ def export(argv: list[str]) -> Path:
 
 
 def _with_model(model_args: ModelConfig, path: str) -> ModelConfig:
-    from dataclasses import replace
-
-    return replace(model_args, model_name_or_path=path, model_revision=None)
+    return dataclasses.replace(model_args, model_name_or_path=path, model_revision=None)
 
 
 def adapter_weights(adapter: Path, full: bool) -> dict[str, Any]:
@@ -280,7 +286,7 @@ def push(folder: Path, repo: str, private: bool) -> None:
 def main(argv: list[str] | None = None) -> Path:
     try:
         return export(sys.argv[1:] if argv is None else argv)
-    except ExportError as error:
+    except (ExportError, AdapterMismatch, RecipeError) as error:
         if argv is not None:
             raise
         sys.exit(f"export: {error}")
