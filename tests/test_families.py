@@ -92,6 +92,24 @@ def test_warm_start_then_full_fine_tuning_then_evaluation(replica: str, tmp_path
     assert len(json.loads(output.read_text())["records"]) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("replica", FAMILY_MODELS)
+def test_each_family_trains_and_evaluates_in_bf16_on_cpu(replica: str, tmp_path: Path) -> None:
+    """The real models run in bf16: weights loaded in bf16 (no autocast: TRL allows `bf16` only on a GPU), one GRPO
+    step with LoRA, then evaluation of the adapter; the evaluator's recorded dtype is the loaded model's."""
+    common = ["--config", "recipes/shapes/tiny_cpu.yaml", "--model_name_or_path", replica, "--dtype", "bfloat16"]
+    small = ["--shapes_train_size", "4", "--shapes_eval_size", "2", "--max_steps", "1", "--save_strategy", "no"]
+    train = [*small, "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8"]
+    run_script(["recipes/train.py", *common, *train, "--output_dir", str(tmp_path / "runs"), "--run_name", "r"])
+    run_dir = tmp_path / "runs" / "r"
+    assert json.loads((run_dir / "manifest.json").read_text())["global_step"] == 1
+    output = tmp_path / "eval.json"
+    evaluate = [*common, "--adapter", str(run_dir), "--shapes_eval_size", "2", "--max_new_tokens", "8"]
+    run_script(["eval/evaluate.py", *evaluate, "--output", str(output)])
+    result = json.loads(output.read_text())
+    assert result["metadata"]["dtype"] == "bfloat16" and len(result["records"]) == 2
+
+
 GEOQA_RECIPES = [(recipe, replica) for recipe, replica in GPU_RECIPES if "geoqa" in recipe]
 
 
