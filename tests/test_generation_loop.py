@@ -17,6 +17,7 @@ from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.vqa_fixtures import write_fixtures
 from vision_grpo.eval import evaluate
+from vision_grpo.evaluator import read_batch
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_recipe_rewards
 
@@ -71,7 +72,6 @@ def test_the_holdout_curve_measures_multi_image_rows_as_the_evaluator_does(
 
 def test_controls_are_built_per_batch_from_the_rows_read() -> None:
     """`blank`: white canvases of each image's size (every image of a list); `shuffled`: the next row's images."""
-    from vision_grpo.evaluator import read_batch  # here: the other tests run on code without it
     images = [[Image.new("RGB", (20 + i, 30), (i, 0, 0)), Image.new("RGB", (9, 9 + i), (0, i, 0))] for i in range(4)]
     dataset = {"id": ["a", "b", "c", "d"], "images": images}
 
