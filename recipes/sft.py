@@ -24,9 +24,11 @@ logger = logging.getLogger("vision_grpo.sft")
 
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
-    run = RecipeRun.start(SFTConfig, argv)  # fails on a bad recipe before anything loads
-    if run.finished:  # resumed after its last step: nothing to do
-        return run.close()
+    with RecipeRun.start(SFTConfig, argv) as run:  # fails on a bad recipe before anything loads; holds the run folder
+        return run.close() if run.finished else train(run)  # finished: resumed after its last step, nothing to do
+
+
+def train(run: RecipeRun) -> Path:
     task_args, training_args, model_args = run.task_args, run.training_args, run.model_args
 
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)

@@ -28,8 +28,9 @@ from safetensors.torch import load_file
 from trl import GRPOConfig
 from trl.trainer.utils import RepeatSampler
 
+from vision_grpo.config import RecipeError
 from vision_grpo.recipe_run import TRAINER_STATE, RecipeRun, RunConflict, resume_checkpoint
-from vision_grpo.runs import dataset_identity, write_run_start
+from vision_grpo.runs import dataset_identity, write_checksums, write_run_start
 from vision_grpo.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
@@ -125,8 +126,8 @@ def test_last_is_the_newest_complete_checkpoint(tmp_path: Path, value, caplog: p
     make_checkpoint(tmp_path, 14, state='{"log_history": [{"note": "é"'.encode()[:-2])  # cut inside a character
     with caplog.at_level(logging.WARNING):
         assert resume_checkpoint(value, tmp_path) == str(newest)
-    assert "checkpoint-12: no trainer_state.json (cut off while saving)" in caplog.text
-    assert "checkpoint-14: a trainer_state.json cut short (cut off while saving)" in caplog.text
+    assert "checkpoint-14: it has a trainer_state.json cut short" in caplog.text
+    assert "checkpoint-12: it has no trainer_state.json" in caplog.text
 
 
 def test_last_without_any_complete_checkpoint_says_how_to_resume(tmp_path: Path) -> None:
@@ -157,11 +158,11 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 def earlier_run(tmp_path: Path, argv: list[str]) -> Path:
     """A run folder as a run of `argv` leaves it after its second checkpoint: recipe.yaml, manifest, checkpoint-2."""
-    run = RecipeRun.start(GRPOConfig, argv)
-    configs = (run.task_args, run.training_args, run.model_args)
-    facts = {"dataset": dataset_identity(run.task_args), "model_weights": run.model_weights}
-    write_run_start(run.run_dir, run.recipe_path, argv, configs, **facts)
-    make_checkpoint(run.run_dir, 2)
+    with RecipeRun.start(GRPOConfig, argv) as run:
+        configs = (run.task_args, run.training_args, run.model_args)
+        facts = {"dataset": dataset_identity(run.task_args), "model_weights": run.model_weights}
+        write_run_start(run.run_dir, run.recipe_path, argv, configs, **facts)
+        make_checkpoint(run.run_dir, 2)
     return run.run_dir
 
 
@@ -174,8 +175,8 @@ def test_a_fresh_run_in_a_folder_holding_a_run_is_refused_unless_overwritten(tmp
     assert folder_bytes(run_dir) == before
     with pytest.raises(RunConflict, match="--resume_from_checkpoint last .*--overwrite_run true .*--run_name"):
         RecipeRun.start(GRPOConfig, argv)
-    RecipeRun.start(GRPOConfig, [*argv, "--overwrite_run", "true"])
-    assert not run_dir.exists(), "the earlier run was kept, to be mixed with the new one"
+    with RecipeRun.start(GRPOConfig, [*argv, "--overwrite_run", "true"]):
+        assert not run_dir.exists(), "the earlier run was kept, to be mixed with the new one"
 
 
 def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(tmp_path: Path) -> None:
@@ -190,10 +191,10 @@ def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(
     assert sorted(changes) == ["learning_rate: 0.001 then, 1e-05 now", "num_generations: 4 then, 2 now"]
     assert "list the keys in resume_allow_changes to accept them" in str(refused.value)
     assert folder_bytes(run_dir) == before
-    allowed = RecipeRun.start(GRPOConfig, [*changed, "--resume_allow_changes", "learning_rate", "num_generations"])
-    assert allowed.resume_from == str(run_dir / "checkpoint-2")
-    longer = RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--max_steps", "50"])
-    assert longer.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
+    with RecipeRun.start(GRPOConfig, [*changed, "--resume_allow_changes", "learning_rate", "num_generations"]) as run:
+        assert run.resume_from == str(run_dir / "checkpoint-2")
+    with RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--max_steps", "50"]) as run:
+        assert run.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
 
 
 def test_a_resume_is_checked_by_the_models_content_not_its_path(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -203,12 +204,174 @@ def test_a_resume_is_checked_by_the_models_content_not_its_path(tiny_model_path:
     run_dir = earlier_run(tmp_path, argv)
     moved = tmp_path / "moved"
     shutil.copytree(model, moved)  # the same weights under another path: compared by content, accepted
-    assert RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--model_name_or_path", str(moved)])
+    with RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--model_name_or_path", str(moved)]):
+        pass
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "note": "retrained"}))  # other weights, same path
     with pytest.raises(RunConflict, match=r"\(model_weights: \{'sha256': '[0-9a-f]{64}'\} then, \{'sha256'"):
         RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last"])
     assert json.loads((run_dir / "manifest.json").read_text())["model_weights"]["sha256"]
+
+
+def test_overwrite_run_deletes_nothing_that_is_not_a_run_of_ours(tmp_path: Path) -> None:
+    """The issue's case: `--output_dir . --run_name rewards --overwrite_run true` deleted the repository's rewards/."""
+    checkout = tmp_path / "checkout"
+    (checkout / "rewards").mkdir(parents=True)
+    (checkout / "rewards" / "counting.py").write_text("# a user's code\n")
+    argv = [*training_args(tmp_path, "rewards")[1:], "--output_dir", str(checkout), "--overwrite_run", "true"]
+    with pytest.raises(RunConflict, match=r"will not delete .*rewards: .*rewards holds no manifest.json of a run"):
+        RecipeRun.start(GRPOConfig, argv)
+    assert (checkout / "rewards" / "counting.py").read_text() == "# a user's code\n"
+    assert sorted(p.name for p in checkout.iterdir()) == ["rewards"], "the lock file was left behind"
+
+
+def test_overwrite_run_never_follows_a_symbolic_link(tmp_path: Path) -> None:
+    elsewhere = earlier_run(tmp_path, training_args(tmp_path, "real")[1:])  # a real run of ours, outside the target
+    before = folder_bytes(elsewhere)
+    linked = tmp_path / "linked_runs"
+    linked.mkdir()
+    (linked / "alias").symlink_to(elsewhere)
+    argv = [*training_args(tmp_path, "alias")[1:], "--output_dir", str(linked), "--overwrite_run", "true"]
+    with pytest.raises(RunConflict, match=r"will not delete .*alias: .*alias is a symbolic link"):
+        RecipeRun.start(GRPOConfig, argv)
+    assert folder_bytes(elsewhere) == before
+
+
+@pytest.mark.parametrize("name", ["/tmp/elsewhere", "../outside", "a/../../outside"])
+def test_a_run_name_that_leaves_output_dir_is_refused(tmp_path: Path, name: str) -> None:
+    argv = training_args(tmp_path, name)[1:]
+    with pytest.raises(RecipeError, match=r"run_name .* must name a folder inside output_dir \(no absolute path"):
+        RecipeRun.start(GRPOConfig, argv)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "outside").exists()
+
+
+def test_two_runs_in_one_folder_at_once_are_refused_naming_the_holder(tmp_path: Path) -> None:
+    argv = training_args(tmp_path, "shared")[1:]
+    with RecipeRun.start(GRPOConfig, argv):  # the first run holds the folder for as long as it runs
+        with pytest.raises(RunConflict, match=rf"runs/shared is in use by another run \(pid {os.getpid()}\)"):
+            RecipeRun.start(GRPOConfig, argv)
+        with pytest.raises(RunConflict, match="in use by another run"):  # a resume or an overwrite too
+            RecipeRun.start(GRPOConfig, [*argv, "--overwrite_run", "true"])
+    with RecipeRun.start(GRPOConfig, argv):  # released when the first one ended
+        pass
+
+
+def test_a_lock_left_by_a_killed_run_is_recognised_as_stale(tmp_path: Path) -> None:
+    argv = training_args(tmp_path, "crashed")[1:]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "runs" / ".crashed.lock")], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RunConflict, match=rf"in use by another run \(pid {holder.pid}\)"):
+        RecipeRun.start(GRPOConfig, argv)
+    holder.kill()
+    holder.wait()
+    assert (tmp_path / "runs" / ".crashed.lock").read_text() == str(holder.pid)  # the dead holder's file remains
+    with RecipeRun.start(GRPOConfig, argv) as run:
+        assert run.run_dir == tmp_path / "runs" / "crashed"
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from vision_grpo.runs import hold_lock
+with hold_lock(Path(sys.argv[1]), RuntimeError):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_leaves_a_folder_the_same_command_reuses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = training_args(tmp_path, "failed")[1:]
+    run = RecipeRun.start(GRPOConfig, argv)
+    configs = (run.task_args, run.training_args, run.model_args)
+    write_run_start(run.run_dir, run.recipe_path, argv, configs, dataset={}, model_weights=run.model_weights)
+    run.lock.close()  # the run failed here (a bad value found at train time, a crash): no checkpoint was saved
+    with caplog.at_level(logging.WARNING), RecipeRun.start(GRPOConfig, argv) as again:
+        assert again.resume_from is None
+    assert "stopped before its first checkpoint (nothing to resume): starting over in it" in caplog.text
+    assert not run.run_dir.exists() or not any(run.run_dir.iterdir())
+
+
+def test_decided_by_main_process_forwards_every_exception_to_every_rank(tmp_path: Path) -> None:
+    """A check that fails on rank 0 with an error of any type stops rank 1 too, with the same type and message
+    (before: only ValueError and OSError were forwarded, and rank 1 waited for ever)."""
+    script = tmp_path / "decide.py"
+    script.write_text(DECIDE)
+    process = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
+        cwd=REPO,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    outcomes = sorted(line for line in process.stdout.splitlines() if line.startswith("rank"))
+    assert outcomes == ["rank 0: KeyError 'no such key'", "rank 1: KeyError 'no such key'"], process.stderr[-3000:]
+
+
+DECIDE = """
+from datetime import timedelta
+from accelerate import PartialState
+from vision_grpo.recipe_run import decided_by_main_process
+
+state = PartialState(cpu=True, timeout=timedelta(seconds=30))
+
+def check():
+    raise KeyError("no such key")
+
+try:
+    decided_by_main_process(check)
+except Exception as error:
+    print(f"rank {state.process_index}: {type(error).__name__} {error}", flush=True)
+state.destroy_process_group()
+"""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checksums: a checkpoint's files as they were saved.
+
+
+def saved_checkpoint(run_dir: Path, step: int) -> Path:
+    """A checkpoint as the Trainer and CheckpointChecksums leave it."""
+    folder = make_checkpoint(run_dir, step)
+    (folder / "adapter_model.safetensors").write_bytes(bytes(range(256)) * 80)
+    (folder / "optimizer.pt").write_bytes(b"optimizer state" * 100)
+    write_checksums(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:100] + bytes(19900) + f.read_bytes()[20000:]), "adapter_model.safetensors corrupted: its bytes changed since it was saved"),
+        (lambda f: f.write_bytes(f.read_bytes()[:-7]), "adapter_model.safetensors of 20473 bytes, saved with 20480"),
+        (lambda f: f.unlink(), "no adapter_model.safetensors"),
+    ],
+    ids=["zeroed", "truncated", "deleted"],
+)
+def test_a_damaged_newest_checkpoint_is_named_and_last_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage, named: str
+) -> None:
+    previous = saved_checkpoint(tmp_path, 2)
+    newest = saved_checkpoint(tmp_path, 4)
+    damage(newest / "adapter_model.safetensors")
+    with caplog.at_level(logging.WARNING):
+        assert resume_checkpoint("last", tmp_path) == str(previous)
+    assert f"skipping {newest}: it has {named}" in caplog.text
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-4 has .*adapter_model.safetensors"):
+        resume_checkpoint(str(newest), tmp_path)
+
+
+def test_a_truncated_optimizer_is_named(tmp_path: Path) -> None:
+    folder = saved_checkpoint(tmp_path, 3)
+    (folder / "optimizer.pt").write_bytes(b"optimizer")
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-3 has optimizer.pt of 9 bytes, saved with 1500"):
+        resume_checkpoint(str(folder), tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint in"):  # and `last` has nothing to fall back to
+        resume_checkpoint("last", tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,16 +23,22 @@ from accelerate.utils import broadcast_object_list
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
+from vision_grpo.config import RecipeError, TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
 from vision_grpo.runs import (
+    CheckpointChecksums,
+    checksum_fault,
     dataset_identity,
     finished_step,
+    hold_lock,
     model_identity,
+    read_manifest,
     resume_changes,
+    run_folder_fault,
     write_run_end,
     write_run_start,
 )
+from vision_grpo.stopping import stop_with_launcher
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger(__name__)
@@ -57,6 +65,7 @@ class RecipeRun:
     is_main: bool
     finished: bool = False
     model_weights: dict[str, Any] | None = None  # the model by content (main process): checked on resume, recorded
+    lock: ExitStack = field(default_factory=ExitStack)  # the run folder's lock (main process), held until `close`
 
     @classmethod
     def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
@@ -72,20 +81,28 @@ class RecipeRun:
         configs = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
         task_args, training_args, model_args = configs
         configure_threads()
+        stop_with_launcher()
         recipe_path = recipe_path_of(argv)
+        output_dir = Path(training_args.output_dir)
         run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
-        resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
         is_main = PartialState().is_main_process
-        run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, resume_from, is_main)
+        run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, None, is_main)
 
         def claim() -> None:
-            if resume_from is None:
-                claim_run_dir(run_dir, task_args.overwrite_run)
+            run.lock.enter_context(hold_run_dir(run_dir))
+            run.resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
+            if run.resume_from is None:
+                claim_run_dir(run_dir, output_dir, task_args.overwrite_run)
             run.model_weights = model_identity(model_args.model_name_or_path, model_args.model_revision)
-            if resume_from is not None:
-                check_resume(resume_from, recipe_path, argv, configs, run.model_weights)
+            if run.resume_from is not None:
+                check_resume(run.resume_from, recipe_path, argv, configs, run.model_weights)
 
-        decided_by_main_process(claim)
+        try:
+            decided_by_main_process(claim)
+        except BaseException:
+            run.lock.close()
+            raise
+        resume_from = run.resume_from = from_main_process(run.resume_from)
         if resume_from is not None:
             step = finished_step(run_dir, training_args.max_steps, training_args.num_train_epochs)
             if step is not None:
@@ -98,6 +115,13 @@ class RecipeRun:
                 )
                 run.finished = True
         return run
+
+    def __enter__(self) -> RecipeRun:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        """Release the run folder's lock however the run ended (a failure before training leaves no trace)."""
+        self.lock.close()
 
     def train_and_save(self, trainer: Any, processor: Any) -> Path:
         """Record the run, train (resuming if asked), save the model or adapter and the processor, close the record."""
@@ -112,6 +136,7 @@ class RecipeRun:
             }
             configs = (self.task_args, self.training_args, self.model_args)
             write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)
+        trainer.add_callback(CheckpointChecksums())
         trainer.train(resume_from_checkpoint=self.resume_from)
         trainer.save_model(str(self.run_dir))
         if self.is_main:
@@ -130,22 +155,75 @@ class RecipeRun:
         state = PartialState()
         state.wait_for_everyone()
         state.destroy_process_group()
+        self.lock.close()
         return self.run_dir
 
 
-def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+def hold_run_dir(run_dir: Path) -> ExitStack:
+    """The run folder's lock, `.<run name>.lock` beside it (so it outlives deleting the folder), held until the
+    returned stack closes; the folders made to hold it are removed then if nothing else was written into them."""
+
+    def busy(holder: str) -> RunConflict:
+        return RunConflict(
+            f"run folder {run_dir} is in use by another run (pid {holder}): wait for it to end, or choose another "
+            "--run_name"
+        )
+
+    stack = ExitStack()
+    made = [folder for folder in [run_dir.parent, *run_dir.parent.parents] if not folder.exists()]
+    for folder in made:  # innermost first: removed in this order, each only if empty
+        stack.callback(lambda folder=folder: folder.is_dir() and not any(folder.iterdir()) and folder.rmdir())
+    stack.enter_context(hold_lock(run_dir.with_name(f".{run_dir.name}.lock"), busy))
+    return stack
+
+
+def claim_run_dir(run_dir: Path, output_dir: Path, overwrite: bool) -> None:
     """A fresh run's folder must be empty: an earlier run's checkpoints and events would be mixed with this one's,
-    and a later `resume_from_checkpoint last` would continue the earlier run. `overwrite` deletes them instead."""
+    and a later `resume_from_checkpoint last` would continue the earlier run. `overwrite` deletes them instead, but
+    only from a folder that is provably one of our runs inside `output_dir` (`run_folder_fault`); a run of ours that
+    stopped before its first checkpoint has nothing to resume, and its folder is taken over. Called with the run
+    folder's lock held: no other run is using it.
+    """
     held = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    if held and overwrite:
+    if not held:
+        return
+    fault = run_folder_fault(run_dir, output_dir)
+    if overwrite:
+        if fault:
+            raise RunConflict(
+                f"overwrite_run: will not delete {run_dir}: {fault}. Only a run folder of ours (with its "
+                "manifest.json) inside output_dir is ever deleted; choose another --run_name or --output_dir"
+            )
         logger.warning("overwrite_run: deleting the earlier run in %s (%s)", run_dir, ", ".join(held))
         shutil.rmtree(run_dir)
-    elif held:
+    elif fault is None and stopped_before_first_checkpoint(run_dir):
+        logger.warning(
+            "run folder %s holds a run that stopped before its first checkpoint (nothing to resume): starting over "
+            "in it (%s deleted)",
+            run_dir,
+            ", ".join(held),
+        )
+        shutil.rmtree(run_dir)
+    else:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
         raise RunConflict(
             f"run folder {run_dir} already holds a run ({shown}): pass --resume_from_checkpoint last to continue it, "
             "--overwrite_run true to delete it and start over, or choose another --run_name"
         )
+
+
+# What a run leaves that is worth keeping: its checkpoints and, at its end, its final weights.
+FINAL_WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "model.safetensors.index.json")
+
+
+def stopped_before_first_checkpoint(run_dir: Path) -> bool:
+    """A run of ours that never ended, left no checkpoint and no final weights: there is nothing in it to resume."""
+    manifest = read_manifest(run_dir) or {}
+    return (
+        manifest.get("ended") is None
+        and not any(run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"))
+        and not any((run_dir / name).exists() for name in FINAL_WEIGHTS)
+    )
 
 
 def check_resume(
@@ -164,17 +242,38 @@ def check_resume(
 
 
 def decided_by_main_process(check: Callable[[], None]) -> None:
-    """Run `check` on the main process only; if it raised, every process raises the same error, so no rank starts
-    (or waits for a main process that has left) and no two ranks decide differently on a shared folder."""
+    """Run `check` on the main process only; if it raised, every process raises too, so no rank starts (or waits
+    for a main process that has left) and no two ranks decide differently on a shared folder.
+
+    Every exception is forwarded, whatever its type: the main process re-raises its own, the others one of the same
+    type and message (a `RuntimeError` naming the type, where that type cannot be rebuilt from its message).
+    """
     problem = None
+    raised: BaseException | None = None
     if PartialState().is_main_process:
         try:
             check()
-        except (ValueError, OSError) as error:  # what the checks raise (a missing or unwritable file is an OSError)
-            problem = (type(error), str(error))
+        except BaseException as error:  # any failure must reach the other ranks, or they wait for ever
+            raised, problem = error, (type(error), _picklable(error.args, str(error)), str(error))
     problem = from_main_process(problem)
+    if raised is not None:
+        raise raised
     if problem:
-        raise problem[0](problem[1])
+        kind, args, message = problem
+        try:
+            rebuilt = kind(*args)
+        except Exception:  # a type that cannot be rebuilt from its arguments
+            rebuilt = RuntimeError(f"{kind.__name__}: {message}")
+        raise rebuilt
+
+
+def _picklable(args: tuple, message: str) -> tuple:
+    """An exception's arguments, or its message alone where they cannot be sent to the other ranks."""
+    try:
+        pickle.dumps(args)
+    except Exception:
+        return (message,)
+    return args
 
 
 def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
@@ -185,6 +284,11 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     otherwise write into two folders). Rerunning with the same `run_name` finds that run's checkpoints again.
     """
     run_name = trainer_args.run_name or from_main_process(datetime.now().strftime("%Y%m%d-%H%M%S"))
+    if Path(run_name).is_absolute() or ".." in Path(run_name).parts or not Path(run_name).parts:
+        raise RecipeError(
+            f"run_name {run_name!r} must name a folder inside output_dir (no absolute path, no `..`); set "
+            "`output_dir` to choose where runs go"
+        )
     run_dir = Path(trainer_args.output_dir) / run_name
     trainer_args.output_dir = str(run_dir)
     trainer_args.run_name = run_name
@@ -221,10 +325,9 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
             (p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
             key=lambda p: int(p.name.split("-")[-1]),
         )
-        faults = {p: checkpoint_fault(p) for p in complete}
-        for partial in [p for p in complete if faults[p]]:
-            logger.warning("skipping %s: %s (cut off while saving)", partial, faults[partial])
-        complete = [p for p in complete if not faults[p]]
+        while complete and (fault := checkpoint_fault(complete[-1])):  # newest first: older ones are not read
+            logger.warning("skipping %s: it has %s; trying the checkpoint before it", complete[-1], fault)
+            complete.pop()
         if not complete:
             raise FileNotFoundError(
                 f"resume_from_checkpoint={value}: no complete checkpoint in {run_dir}; rerun with the interrupted "
@@ -240,8 +343,10 @@ def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
 
 
 def checkpoint_fault(folder: Path) -> str | None:
-    """Why `folder` is not a complete checkpoint, or None. The Trainer writes `trainer_state.json` last, and not
-    atomically: a save cut off by a kill or a full disk has none, or one cut short at any byte."""
+    """Why `folder` is not a complete, intact checkpoint, or None. The Trainer writes `trainer_state.json` last, and
+    not atomically: a save cut off by a kill or a full disk has none, or one cut short at any byte (cut off while
+    saving). A file that differs from the checksums recorded after the save (`checksums.json`) was cut short or
+    corrupted later; it is named here, before torch or safetensors read it."""
     state = folder / TRAINER_STATE
     if not state.is_file():
         return f"no {TRAINER_STATE}"
@@ -249,4 +354,4 @@ def checkpoint_fault(folder: Path) -> str | None:
         json.loads(state.read_bytes())
     except ValueError:  # invalid JSON, or UTF-8 cut inside a character
         return f"a {TRAINER_STATE} cut short"
-    return None
+    return checksum_fault(folder)

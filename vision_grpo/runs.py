@@ -8,12 +8,16 @@ and whether the tree was dirty, hardware, start and end time; the entry point ad
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -21,6 +25,8 @@ from typing import Any
 
 import torch
 import yaml
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.modeling import resolve_model_path
 from vision_grpo.tasks import task_of
@@ -249,15 +255,175 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def content_digest(files: list[Path]) -> str:
-    """sha256 over the names and bytes of `files`: what identifies weights by content, whatever their path."""
+    """sha256 over the names and bytes of `files`: what identifies weights by content, whatever their path.
+
+    Remembered by each file's path, size, modification time and inode (`digest_cache_path`): a multi-GB model is
+    read once, not at every start while the other ranks wait for the main process.
+    """
+    key = json.dumps([[str(p.resolve()), *_file_stamp(p)] for p in sorted(files, key=lambda p: p.name)])
+    cache = _read_digest_cache()
+    if key in cache:
+        return cache[key]
     digest = hashlib.sha256()
     for path in sorted(files, key=lambda p: p.name):
         digest.update(path.name.encode() + b"\0")
         with path.open("rb") as source:
             while chunk := source.read(1 << 24):
                 digest.update(chunk)
+    if key == json.dumps([[str(p.resolve()), *_file_stamp(p)] for p in sorted(files, key=lambda p: p.name)]):
+        _remember_digest(key, digest.hexdigest())  # only if no file changed while it was read
     return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino
+
+
+def digest_cache_path() -> Path:
+    """Where content digests are remembered: `$VISION_GRPO_CACHE` or `~/.cache/vision_grpo`, file `digests.json`."""
+    root = os.environ.get("VISION_GRPO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(root) / "vision_grpo" / "digests.json"
+
+
+def _read_digest_cache() -> dict[str, str]:
+    try:
+        cache = json.loads(digest_cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: digests are then computed, never guessed
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _remember_digest(key: str, digest: str) -> None:
+    path = digest_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache = _read_digest_cache()
+        cache[key] = digest
+        write_text_atomic(path, json.dumps(dict(list(cache.items())[-256:])))
+    except OSError:  # a read-only home: the digest is still right, only not remembered
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Locks and what is provably a run folder of ours.
+
+
+@contextmanager
+def hold_lock(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
+    """Hold the lock file `lock` while the block runs; raise `busy(holder's pid)` at once if another process holds it.
+
+    An OS lock (`flock`): it ends with its process, however that process ends, so a lock left by a killed run is
+    recognised as stale and taken over. The holder's pid is written into the file for the message. The file is
+    removed on leaving.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 20).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise busy(holder) from None
+        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # locked a file its last holder removed on leaving: lock the one at the path now
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+# What `write_run_start` puts into every manifest: a folder whose manifest.json lacks one is not a run of ours.
+MANIFEST_KEYS = ("argv", "started", "packages", "git", "hardware")
+
+
+def run_folder_fault(run_dir: Path, output_dir: Path) -> str | None:
+    """Why `run_dir` is not provably one of our run folders inside `output_dir` (so must never be deleted), or None.
+
+    Ours: a real folder (not a symbolic link, and reached through none below `output_dir`) strictly inside
+    `output_dir`, holding a `manifest.json` as `write_run_start` writes it.
+    """
+    if run_dir.is_symlink():
+        return f"{run_dir} is a symbolic link (to {os.readlink(run_dir)})"
+    inside, resolved = output_dir.resolve(), run_dir.resolve()
+    if resolved == inside or inside not in resolved.parents:
+        return f"{run_dir} is not inside output_dir {output_dir}"
+    if resolved.relative_to(inside) != run_dir.absolute().relative_to(output_dir.absolute()):
+        return f"{run_dir} is reached through a symbolic link"
+    try:
+        manifest = read_manifest(run_dir)
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or any(key not in manifest for key in MANIFEST_KEYS):
+        return f"{run_dir} holds no manifest.json of a run"
+    return None
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(content, indent=2, ensure_ascii=False, default=str))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checksums of what a checkpoint holds.
+
+CHECKSUMS = "checksums.json"
+# Written by the other ranks while the main process may already be hashing: theirs to check, not ours.
+OTHER_RANKS_FILES = re.compile(r"rng_state_[1-9][0-9]*\.pth")
+
+
+def write_checksums(checkpoint: Path) -> None:
+    """Record the size and sha256 of every file the main process wrote into `checkpoint` (`checksums.json`)."""
+    files = sorted(
+        p
+        for p in checkpoint.iterdir()
+        if p.is_file() and p.name != CHECKSUMS and not OTHER_RANKS_FILES.fullmatch(p.name)
+    )
+    sums = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
+    write_text_atomic(checkpoint / CHECKSUMS, json.dumps(sums, indent=1))
+
+
+def checksum_fault(checkpoint: Path) -> str | None:
+    """The first file of `checkpoint` that is missing, cut short or changed since it was saved, or None (also for a
+    checkpoint saved before checksums were recorded: nothing to compare)."""
+    path = checkpoint / CHECKSUMS
+    if not path.is_file():
+        return None
+    try:
+        sums = json.loads(path.read_bytes())
+    except ValueError:
+        return f"a {CHECKSUMS} that is not valid JSON"
+    for name, expected in sums.items():
+        file = checkpoint / name
+        if not file.is_file():
+            return f"no {name} (listed in {CHECKSUMS})"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} of {size} bytes, saved with {expected['bytes']} (cut short or replaced)"
+        if file_sha256(file) != expected["sha256"]:
+            return f"{name} corrupted: its bytes changed since it was saved (sha256 differs from {CHECKSUMS})"
+    return None
+
+
+class CheckpointChecksums(TrainerCallback):
+    """After each checkpoint save, record the checksums of its files, so a resume notices a corrupted one."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if folder.is_dir():
+                write_checksums(folder)
+        return control

@@ -1,19 +1,73 @@
-"""A graceful stop on SIGINT/SIGTERM for every entry point's trainer, agreed by all ranks at a step boundary."""
+"""A graceful stop on SIGINT/SIGTERM for every entry point's trainer, agreed by all ranks at a step boundary, and
+the stop reaching the workers however they were launched.
+
+Launchers differ: torchrun's agent (`accelerate launch` with a multi-process config) sends the signal it gets on to
+its workers and waits for them; accelerate's plain launcher (`accelerate launch` of one process, e.g.
+`accelerate_configs/single_gpu.yaml`) forwards nothing, and dies of a SIGTERM at once, leaving its worker running.
+`stop_with_launcher` asks Linux to send each worker SIGTERM when its launcher dies, so that worker stops too.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def stop_with_launcher() -> None:
+    """Receive SIGTERM when the launching process dies (Linux; elsewhere nothing): under accelerate's plain launcher
+    a SIGTERM or SIGINT that ends the launcher then still reaches this worker, which saves and stops."""
+    if not sys.platform.startswith("linux") or not _launched():
+        return
+    launcher = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != launcher:  # the launcher died before the request was made: nothing would tell us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _launched() -> bool:
+    """Whether a launcher started this process: torchrun sets LOCAL_RANK, accelerate's plain launcher ACCELERATE_*."""
+    return "LOCAL_RANK" in os.environ or any(key.startswith("ACCELERATE_") for key in os.environ)
+
+
+# The reward call running now, if any: (name, start time). A stop signal that arrives during one ends it at once.
+_in_reward: list[tuple[str, float]] = []
+_lock = threading.Lock()
+
+
+@contextmanager
+def reward_call(name: str) -> Iterator[None]:
+    """Mark a reward plugin call: a stop signal during it interrupts the plugin instead of waiting for a step end
+    that a plugin stuck in a loop or a network call would never reach."""
+    with _lock:
+        _in_reward.append((name, time.monotonic()))
+    try:
+        yield
+    finally:
+        with _lock:
+            _in_reward.pop()
+
+
+class StopRequested(KeyboardInterrupt):
+    """A stop signal that could not wait for the step to end (a second signal, or one during a reward call)."""
 
 
 class GracefulStop(TrainerCallback):
-    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once.
+    """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once, and so
+    does the first one while a reward plugin runs (the run then ends at its last checkpoint).
 
     With several processes the request is agreed at every step boundary (a max over the ranks), so all stop after
     the same step even when the signal reached only one of them or reached them during different steps; a rank
@@ -29,7 +83,13 @@ class GracefulStop(TrainerCallback):
 
     def _request(self, signum, frame) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            raise StopRequested(f"signal {signum} again: stopping at once, without saving")
+        if _in_reward:
+            name, since = _in_reward[-1]
+            raise StopRequested(
+                f"signal {signum} during reward `{name}` (running for {time.monotonic() - since:.0f} s): stopping at "
+                "once; the run resumes from its last checkpoint"
+            )
         logger.warning("signal %d: saving a checkpoint after this step, then stopping", signum)
         self.requested = True
 
