@@ -346,7 +346,10 @@ def saved_checkpoint(run_dir: Path, step: int) -> Path:
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
-        (lambda f: f.write_bytes(f.read_bytes()[:100] + bytes(19900) + f.read_bytes()[20000:]), "adapter_model.safetensors corrupted: its bytes changed since it was saved"),
+        (
+            lambda f: f.write_bytes(f.read_bytes()[:100] + bytes(19900) + f.read_bytes()[20000:]),
+            "adapter_model.safetensors corrupted: its bytes changed since it was saved",
+        ),
         (lambda f: f.write_bytes(f.read_bytes()[:-7]), "adapter_model.safetensors of 20473 bytes, saved with 20480"),
         (lambda f: f.unlink(), "no adapter_model.safetensors"),
     ],
