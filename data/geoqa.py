@@ -254,11 +254,16 @@ def load_split(
     return train_rows(dataset) if split == "train" else fixed_test_subset(dataset, expected_test_rows)
 
 
-def _decode_image(value: Any) -> Image.Image:
-    """The row's image, fully decoded (so a truncated file fails here, not in the middle of training)."""
+def open_image(value: Any) -> Image.Image:
+    """The row's image opened, not decoded: from its bytes, or its file."""
     if isinstance(value, Image.Image):
         return value
-    image = Image.open(io.BytesIO(value["bytes"])) if value.get("bytes") else Image.open(value["path"])
+    return Image.open(io.BytesIO(value["bytes"])) if value.get("bytes") else Image.open(value["path"])
+
+
+def _decode_image(value: Any) -> Image.Image:
+    """The row's image, fully decoded (so a truncated file fails here, not in the middle of training)."""
+    image = open_image(value)
     check_decode_size(image)
     image.load()
     return image

@@ -5,14 +5,17 @@ loading, validation and the prompt are in `data/geoqa.py`.
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import datasets
 
-from vision_grpo.data import geoqa, report_unused
-from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data import geoqa, prepared, prompts_and_images, report_unused
+from vision_grpo.data.prepared import ERROR
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, make_example, normalize_image
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
 
 logger = logging.getLogger(__name__)
@@ -33,8 +36,8 @@ FEATURES = datasets.Features(
     {
         "id": datasets.Value("string"),
         "prompt": PROMPT_FEATURE,
-        "image": datasets.Image(),
         "label": datasets.Value("int64"),
+        ERROR: datasets.Value("string"),
     }
 )
 
@@ -45,31 +48,46 @@ def check(task_args: Any) -> None:
         raise ValueError(f"prompt_language: {task_args.prompt_language!r} is not one of {languages}")
 
 
-def _row(row: dict[str, Any], language: str, max_pixels: int) -> dict[str, Any]:
-    image = geoqa.check_row(row)
-    text = geoqa.format_question(row["subject"], row["choices"], language)
-    return make_example(str(row["id"]), text, image, "after_text", max_pixels, label=row["label"])
+def _check(row: dict[str, Any], position: int, language: str, max_pixels: int, code: str) -> dict[str, Any]:
+    """The checking pass over one raw row (`geoqa.check_row`, then the prompt and the image as training sees them);
+    the decoded image is dropped; `code` is in the cache key, not used."""
+    out = {"id": str(row["id"]), "prompt": [], "label": row["label"] if isinstance(row["label"], int) else -1}
+    try:
+        image = geoqa.check_row(row)
+        text = geoqa.format_question(row["subject"], row["choices"], language)
+        out["prompt"] = make_example(str(row["id"]), text, image, "after_text", max_pixels)["prompt"]
+    except ValueError as error:  # GeoQADataError (it names the row) and make_example's RowRefused
+        return {**out, ERROR: str(error) if "GeoQA row id=" in str(error) else f"GeoQA row id={row['id']!r}: {error}"}
+    return {**out, ERROR: None}
+
+
+def _decode(batch: dict[str, list], max_pixels: int) -> dict[str, list]:
+    """The transform at access: each row's encoded image opened and normalised."""
+    if "image" in batch:
+        batch["image"] = [normalize_image(geoqa.open_image(value), max_pixels) for value in batch["image"]]
+    return batch
 
 
 def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """GeoQA rows: the `train` rows for training, the fixed 100-question test subset for evaluation."""
+    """GeoQA rows: the `train` rows for training, the fixed 100-question test subset for evaluation; checked once
+    (cached, see data/prepared.py), images decoded when read."""
     rows = geoqa.load_split(
         task_args.dataset_name, task_args.dataset_revision, split, task_args.geoqa_test_rows or None
     )
     rows = rows.cast_column("image", datasets.Image(decode=False))
-    if task_args.skip_bad_rows:
-        rows, skipped = geoqa.drop_bad_rows(rows)
-        report_unused(split, "invalid, skipped (skip_bad_rows)", skipped)
-        if skipped:
-            logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, skipped, len(rows) + skipped)
-    return rows.map(
-        _row,
-        fn_kwargs={"language": task_args.prompt_language, "max_pixels": max_pixels},
-        remove_columns=rows.column_names,
-        features=FEATURES,
-        writer_batch_size=WRITER_BATCH,
-        desc=f"preparing GeoQA {split}",
+    deciding = {"language": task_args.prompt_language, "max_pixels": max_pixels}
+    code = prepared.code_digest(geoqa, sys.modules[__name__], prompts_and_images)
+    checked, bad = prepared.checked_rows(
+        rows, _check, {**deciding, "code": code}, FEATURES, f"GeoQA {split}", keep={"image": "image"}
     )
+    if bad and not task_args.skip_bad_rows:
+        raise geoqa.GeoQADataError(bad[0][1])
+    for _, reason in bad:
+        logger.warning("skipping %s", reason)
+    if bad:
+        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad))
+        logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, len(bad), len(rows))
+    return prepared.decode_on_access(checked, functools.partial(_decode, max_pixels=max_pixels))
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

@@ -4,13 +4,16 @@ answer an integer. Rows are drawn by `data/shapes.py`; row i of a split depends 
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import datasets
 
-from vision_grpo.data import shapes
-from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data import prepared, prompts_and_images, shapes
+from vision_grpo.data.prepared import ERROR
+from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, PROMPT_FEATURE, make_example, normalize_image
 from vision_grpo.rewards.counting import boxed_integer, final_answer
 
 NAME = "shapes"
@@ -37,10 +40,11 @@ FEATURES = datasets.Features(
     {
         "id": datasets.Value("string"),
         "prompt": PROMPT_FEATURE,
-        "image": datasets.Image(),
         "shape": datasets.Value("string"),
         "answer": datasets.Value("int64"),
         "ground_truth": {name: datasets.Value("int64") for name in shapes.SHAPES},
+        "index": datasets.Value("int64"),  # what the image is drawn from when the row is read
+        ERROR: datasets.Value("string"),
     }
 )
 
@@ -65,9 +69,12 @@ def spec(task_args: Any) -> shapes.ShapeTaskSpec:
     )
 
 
-def _row(index: int, spec: dict[str, Any], seed: int, max_pixels: int) -> dict[str, Any]:
+def _check(row: dict[str, int], position: int, spec: dict, seed: int, max_pixels: int, code: str) -> dict[str, Any]:
+    """The checking pass over one generated row: drawn and checked as training will see it, the image then dropped
+    (it is drawn again, from its index, when the row is read); `code` is in the cache key, not used."""
+    index = row["index"]
     example = shapes.make_example(shapes.ShapeTaskSpec(**spec), seed, index)
-    return make_example(
+    row = make_example(
         f"{seed}-{index}",
         shapes.question_for(example.shape),
         example.image,
@@ -77,22 +84,34 @@ def _row(index: int, spec: dict[str, Any], seed: int, max_pixels: int) -> dict[s
         answer=example.answer,
         ground_truth=example.ground_truth,
     )
+    return {**{key: value for key, value in row.items() if key != "image"}, "index": index, ERROR: None}
+
+
+def _draw(batch: dict[str, list], spec: dict[str, Any], seed: int, max_pixels: int) -> dict[str, list]:
+    """The transform at access: each row's image drawn from its index and normalised."""
+    if "index" in batch:
+        generator = shapes.ShapeTaskSpec(**spec)
+        indices = batch.pop("index")
+        batch["image"] = [normalize_image(shapes.make_example(generator, seed, i).image, max_pixels) for i in indices]
+    return batch
 
 
 def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """`shapes_train_size` or `shapes_eval_size` rows drawn from the split's own seed."""
+    """`shapes_train_size` or `shapes_eval_size` rows drawn from the split's own seed; images drawn when read."""
     size = task_args.shapes_train_size if split == "train" else task_args.shapes_eval_size
     seed = task_args.shapes_train_seed if split == "train" else task_args.shapes_eval_seed
     indices = datasets.Dataset.from_dict({"index": list(range(size))})
-    return indices.map(
-        _row,
-        input_columns="index",
-        fn_kwargs={"spec": asdict(spec(task_args)), "seed": seed, "max_pixels": max_pixels},
-        remove_columns=["index"],
-        features=FEATURES,
-        writer_batch_size=WRITER_BATCH,
-        desc=f"drawing {size} shape images",
+    deciding = {"spec": asdict(spec(task_args)), "seed": seed, "max_pixels": max_pixels}
+    code = prepared.code_digest(shapes, sys.modules[__name__], prompts_and_images)
+    rows, _ = prepared.checked_rows(
+        indices,
+        _check,
+        {**deciding, "code": code},
+        FEATURES,
+        f"shapes {split} ({size} drawn)",
+        source_key=f"shapes:{size}",
     )
+    return prepared.decode_on_access(rows, functools.partial(_draw, **deciding))
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

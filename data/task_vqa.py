@@ -13,12 +13,16 @@ of images for the template) is an error naming its id; with `skip_bad_rows` it i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import datasets
@@ -26,8 +30,10 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from vision_grpo.data import report_unused
-from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, WRITER_BATCH, make_example
+from vision_grpo.data import prepared, prompts_and_images, report_unused
+from vision_grpo.data.prepared import ERROR
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, make_example, normalize_image
+from vision_grpo.rewards import vqa as vqa_rewards
 from vision_grpo.rewards.vqa import ANSWER_TYPES, as_math, is_correct, predicted
 
 logger = logging.getLogger(__name__)
@@ -93,15 +99,19 @@ def render(template: jinja2.Template, question: Any, choices: list[Any]) -> str:
         ) from None
 
 
-def _template(task_args: Any) -> jinja2.Template:
+def _template_text(task_args: Any) -> str:
     text = task_args.vqa_prompt_template
     if text.endswith(".jinja"):
         path = Path(text).expanduser()
         if not path.is_file():
             raise ValueError(f"vqa_prompt_template: template file {path} does not exist")
         text = path.read_text(encoding="utf-8")
+    return text
+
+
+def _template(task_args: Any) -> jinja2.Template:
     try:
-        return ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False).from_string(text)
+        return _compiled(_template_text(task_args))
     except jinja2.TemplateSyntaxError as error:
         raise ValueError(f"vqa_prompt_template: not a valid Jinja template ({error})") from error
 
@@ -130,7 +140,37 @@ def _read_file(path: Path) -> datasets.Dataset:
     kinds = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
     if path.suffix not in kinds:
         raise VQADataError(f"{path}: not a .parquet or .jsonl file")
-    return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
+    try:
+        return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
+    except Exception as error:
+        line = _first_non_utf8_line(path) if kinds[path.suffix] == "json" else None
+        if line is None:
+            raise
+        raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8") from error
+
+
+def _first_non_utf8_line(path: Path) -> int | None:
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return None
+
+
+def _image_path(value: str, folder: str | None) -> Path:
+    """`value` inside `vqa_image_folder` (the working directory when unset); a path that leaves it is refused."""
+    root = Path(folder or ".").expanduser().resolve()
+    path = (root / value).resolve()
+    if not path.is_relative_to(root):
+        raise VQADataError(
+            f"image path {value!r} is outside vqa_image_folder ({root}); image paths must stay inside it "
+            "(set vqa_image_folder to the folder that holds the images)"
+        )
+    if not path.is_file():
+        raise VQADataError(f"image file {path} does not exist")
+    return path
 
 
 def _open_image(value: Any, folder: str | None) -> Image.Image:
@@ -141,10 +181,7 @@ def _open_image(value: Any, folder: str | None) -> Image.Image:
             return Image.open(io.BytesIO(value["bytes"]))
         value = value["path"]
     if isinstance(value, str) and value:
-        path = Path(folder or ".").expanduser() / value
-        if not path.is_file():
-            raise VQADataError(f"image file {path} does not exist")
-        return Image.open(path)
+        return Image.open(_image_path(value, folder))
     raise VQADataError(f"no image (got {type(value).__name__})")
 
 
@@ -175,77 +212,142 @@ def _answer(row: dict[str, Any], task_args: Any) -> str:
     return str(raw).strip()
 
 
-def _row(row: dict[str, Any], index: int, task_args: Any, template: jinja2.Template, max_pixels: int) -> dict[str, Any]:
-    """One training/evaluation row; raises VQADataError naming what is wrong (the caller adds the id)."""
-    choices = list(row[task_args.vqa_choices_column] or []) if task_args.vqa_choices_column else []
-    text = render(template, row[task_args.vqa_question_column], choices)
-    value = row[task_args.vqa_image_column]
-    images = [_open_image(v, task_args.vqa_image_folder) for v in (value if isinstance(value, list) else [value])]
-    for image in images:
-        image.load()
-    answer = _answer(row, task_args)
-    return make_example(
-        _row_id(row, index, task_args),
-        text,
-        images if isinstance(value, list) else images[0],  # a list column gives TRL's `images`, else `image`
-        "before_text",
-        max_pixels,
-        answer=answer,
-        answer_type=task_args.vqa_answer_type,
-        tolerance=task_args.vqa_tolerance,
-    )
+def _images(value: Any, folder: str | None) -> list[Image.Image]:
+    return [_open_image(each, folder) for each in (value if isinstance(value, list) else [value])]
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(text: str) -> jinja2.Template:
+    return ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False).from_string(text)
+
+
+def _check(
+    row: dict[str, Any], index: int, options: dict[str, Any], template: str, max_pixels: int, code: str
+) -> dict[str, Any]:
+    """The checking pass over one source row: its small columns and `ERROR` (None when usable). The images are
+    decoded and normalised here only to be checked (decode-size limit from the header first, then decoding, aspect
+    ratio and slots on what training will see), then dropped; `code` is in the cache key, not used."""
+    args = SimpleNamespace(**options)
+    out = {"id": _row_id(row, index, args), "prompt": [], "answer": "", "answer_type": args.vqa_answer_type}
+    out |= {"tolerance": args.vqa_tolerance, ERROR: None}
+    try:
+        question = row[args.vqa_question_column]
+        if question is None or (isinstance(question, str) and not question.strip()):
+            raise VQADataError("no question (null or empty)")
+        choices = list(row[args.vqa_choices_column] or []) if args.vqa_choices_column else []
+        text = render(_compiled(template), question, choices)
+        value = row[args.vqa_image_column]
+        images = _images(value, args.vqa_image_folder)
+        answer = _answer(row, args)
+        example = make_example(
+            out["id"], text, images if isinstance(value, list) else images[0], "before_text", max_pixels
+        )
+        out |= {"prompt": example["prompt"], "answer": answer}
+    except TemplateRefused:
+        raise
+    except Image.DecompressionBombError as error:
+        out[ERROR] = f"image larger than Pillow's decompression-bomb limit, refused before decoding ({error})"
+    except (VQADataError, OSError, ValueError) as error:  # ValueError: make_example's RowRefused too
+        out[ERROR] = str(error)
+    return out
+
+
+def _decode(batch: dict[str, list], column: str, folder: str | None, max_pixels: int) -> dict[str, list]:
+    """The transform at access: a batch's encoded images opened and normalised as the pass checked them."""
+    if column in batch:
+        several = column == "images"
+        batch[column] = [
+            [normalize_image(image, max_pixels) for image in _images(value, folder)]
+            if several
+            else normalize_image(_images(value, folder)[0], max_pixels)
+            for value in batch[column]
+        ]
+    return batch
 
 
 def _row_id(row: dict[str, Any], index: int, task_args: Any) -> str:
     return str(row[task_args.vqa_id_column]) if task_args.vqa_id_column else str(index)
 
 
-def _features(rows: list[dict[str, Any]]) -> datasets.Features:
-    image = {"image": datasets.Image()} if "image" in rows[0] else {"images": [datasets.Image()]}
-    return datasets.Features(
-        {
-            "id": datasets.Value("string"),
-            "prompt": PROMPT_FEATURE,
-            **image,
-            "answer": datasets.Value("string"),
-            "answer_type": datasets.Value("string"),
-            "tolerance": datasets.Value("float64"),
-        }
-    )
+FEATURES = datasets.Features(
+    {
+        "id": datasets.Value("string"),
+        "prompt": PROMPT_FEATURE,
+        "answer": datasets.Value("string"),
+        "answer_type": datasets.Value("string"),
+        "tolerance": datasets.Value("float64"),
+        ERROR: datasets.Value("string"),
+    }
+)
 
 
-def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """The rows of the recipe's train or eval split, every one checked; bad rows fail, or are skipped and named."""
-    name = task_args.vqa_train_split if split == "train" else task_args.vqa_eval_split
-    source = _read(task_args.dataset_name, task_args.dataset_revision, name)
+def _missing_columns(task_args: Any, source: datasets.Dataset, name: str) -> None:
     columns = [task_args.vqa_image_column, task_args.vqa_question_column, task_args.vqa_answer_column]
     columns += [c for c in (task_args.vqa_choices_column, task_args.vqa_id_column) if c]
     missing = [c for c in columns if c not in source.column_names]
-    if missing:
-        raise VQADataError(f"{task_args.dataset_name} ({name}): missing column(s) {missing}; has {source.column_names}")
-    template = _template(task_args)  # compiled once, not per row
-    rows, skipped = [], []
-    for index, raw in enumerate(source):
-        try:
-            rows.append(_row(raw, index, task_args, template, max_pixels))
-        except TemplateRefused:
-            raise
-        except (VQADataError, OSError, ValueError) as error:  # ValueError: make_example's RowRefused too
-            where = f"VQA row id={_row_id(raw, index, task_args)!r}"
-            if not task_args.skip_bad_rows:
-                raise VQADataError(f"{where}: {error} (skip_bad_rows: true skips and counts such rows)") from None
-            skipped.append(f"{where}: {error}")
-    for reason in skipped:
-        logger.warning("skipping %s", reason)
-    if skipped:
-        logger.warning("VQA %s: skipped %d invalid row(s) of %d", name, len(skipped), len(source))
-        report_unused(split, "invalid, skipped (skip_bad_rows)", len(skipped))
-    if not rows:
+    if not missing:
+        return
+    hint = ""
+    if task_args.vqa_id_column in missing:
+        hint = (
+            f"; vqa_id_column {task_args.vqa_id_column!r} names the column of row ids: set it to the column that "
+            "holds them, or to null to number the rows by position"
+        )
+    raise VQADataError(
+        f"{task_args.dataset_name} ({name}): missing column(s) {missing}; has {source.column_names}{hint}"
+    )
+
+
+def _refuse_repeated_ids(ids: list[str], where: str) -> None:
+    repeated = [row_id for row_id, count in collections.Counter(ids).items() if count > 1]
+    if repeated:
+        raise VQADataError(
+            f"{where}: {len(repeated)} id(s) appear more than once (e.g. {', '.join(map(repr, repeated[:5]))}); "
+            "evaluation records and resumes key rows by id. Make the ids unique, or set vqa_id_column: null to "
+            "number the rows by position"
+        )
+
+
+def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
+    """The rows of the recipe's train or eval split, every one checked once (cached, see data/prepared.py); bad rows
+    fail, or are skipped and named. Images stay encoded until a row is read."""
+    name = task_args.vqa_train_split if split == "train" else task_args.vqa_eval_split
+    source = _read(task_args.dataset_name, task_args.dataset_revision, name)
+    _missing_columns(task_args, source, name)
+    if split == "eval" and "{split}" not in task_args.dataset_name and Path(task_args.dataset_name).is_file():
+        logger.warning(
+            "dataset_name %s is one file: training and evaluation both read all of it, so evaluation scores rows "
+            "the model was trained on. Put `{split}` in dataset_name, or use a folder holding train.* and test.*",
+            task_args.dataset_name,
+        )
+    column = task_args.vqa_image_column
+    feature = source.features[column]
+    if prepared.undecoded(feature) is not feature:  # the pass reads the encoded bytes, not PIL images
+        source = source.cast_column(column, prepared.undecoded(feature))
+    several = isinstance(feature, (datasets.List, list))  # a list column gives TRL's `images`, else `image`
+    deciding = {
+        "options": {f.name: getattr(task_args, f.name) for f in dataclasses.fields(Options)},
+        "template": _template_text(task_args),
+        "max_pixels": max_pixels,
+        "code": prepared.code_digest(sys.modules[__name__], prompts_and_images, vqa_rewards),
+    }
+    target = "images" if several else "image"
+    rows, bad = prepared.checked_rows(source, _check, deciding, FEATURES, f"VQA {name}", keep={column: target})
+    where = f"{task_args.dataset_name} ({name})"
+    if bad and not task_args.skip_bad_rows:
+        row_id, reason = bad[0]
+        more = f" ({len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise VQADataError(f"VQA row id={row_id!r}: {reason}{more} (skip_bad_rows: true skips and counts such rows)")
+    for row_id, reason in bad:
+        logger.warning("skipping VQA row id=%r: %s", row_id, reason)
+    if bad:
+        logger.warning("VQA %s: skipped %d invalid row(s) of %d", name, len(bad), len(source))
+        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad))
+    if not len(rows):
         return datasets.Dataset.from_dict({"id": []})
-    # In chunks: one `from_list` over thousands of decoded images held them all in memory at once.
-    features = _features(rows)
-    chunks = [rows[i : i + WRITER_BATCH] for i in range(0, len(rows), WRITER_BATCH)]
-    return datasets.concatenate_datasets([datasets.Dataset.from_list(c, features=features) for c in chunks])
+    _refuse_repeated_ids(list(rows["id"]), where)
+    decode = functools.partial(_decode, column=target, folder=task_args.vqa_image_folder, max_pixels=max_pixels)
+    return prepared.decode_on_access(rows, decode)
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

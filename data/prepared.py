@@ -1,0 +1,162 @@
+"""The checking pass every task's rows go through, cached on disk and shared by the processes of a node, and the
+decoding at access that keeps images encoded until a batch needs them.
+
+A task maps a function over its source that checks each row (the image decodes and fits the limits, the text holds
+no special token, the answer reads as its type, ...) and returns the row's small columns (id, prompt, answer, ...)
+plus `ERROR` (None, or what is wrong). Nothing decoded is kept: the pass writes a small Arrow file, keyed by the
+source's `datasets` fingerprint, the recipe keys that decide the rows and the code that builds them, under
+`<datasets cache>/vision_grpo_rows/`. A second start with the same keys reads that file instead of checking again;
+under `accelerate launch` the first process of each node does the pass while the others wait, then read it.
+
+The images stay in the source (encoded bytes in its Arrow cache, or files in an image folder); `decode_on_access`
+sets a `datasets` transform that opens and normalises them when a row is read, in the data loader's workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+from datasets.fingerprint import Hasher
+
+logger = logging.getLogger(__name__)
+
+ERROR = "_error"  # the pass's column: None for a usable row, else why it is not (without its id)
+ROWS_CACHE = "vision_grpo_rows"
+
+
+def code_digest(*modules: Any) -> str:
+    """A digest of the source files of `modules`: a change to the code that builds rows invalidates the cache."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def files_digest(paths: list[Path]) -> str:
+    """A content digest of data files (sha256 of their bytes, remembered per path, size and mtime so that a second
+    start only stats them): an edit under the same path changes it, a copy of the same bytes does not."""
+    digest = hashlib.sha256()
+    memo_dir = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / "file_digests"
+    for path in sorted(paths):
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+        memo = memo_dir / key
+        if memo.is_file():
+            content = memo.read_text()
+        else:
+            content = _sha256_file(path)
+            memo_dir.mkdir(parents=True, exist_ok=True)
+            temporary = memo.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(content)
+            temporary.replace(memo)
+        digest.update(f"{path.name}:{content}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _one_process_per_node() -> Iterator[str]:
+    """Under a launcher (WORLD_SIZE > 1) the local main process runs the body first, the others after it (they find
+    its cache); yields which process this is, for the log."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        yield f"process {os.getpid()}"
+        return
+    from accelerate import PartialState
+
+    state = PartialState()
+    with state.local_main_process_first():
+        yield f"process {state.process_index} (local {state.local_process_index}, pid {os.getpid()})"
+
+
+def checked_rows(
+    source: datasets.Dataset,
+    check: Callable[..., dict[str, Any]],
+    deciding: dict[str, Any],
+    features: datasets.Features,
+    what: str,
+    keep: dict[str, str] | None = None,
+    source_key: str | None = None,
+) -> tuple[datasets.Dataset, list[tuple[str, str]]]:
+    """The pass: `check(row, index, **deciding)` over `source`, cached; returns the usable rows (the pass's columns
+    and `source`'s columns `keep`, `{source name: row name}`, in source order) and the (id, reason) of every row that
+    is not usable. `source_key` identifies a source that has no `datasets` fingerprint of its own (a generator's
+    settings).
+
+    `deciding` holds everything besides the source that decides the rows (column mapping, template, pixel limit, the
+    code's digest): changing any of it, or the source, makes another cache file; other recipe keys reuse it.
+    """
+    key = Hasher.hash([source_key or source._fingerprint, deciding])
+    cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with _one_process_per_node() as who:
+        cached = cache.is_file()
+        started = time.perf_counter()
+        checked = source.map(
+            check,
+            with_indices=True,
+            fn_kwargs=deciding,
+            remove_columns=source.column_names,
+            features=features,
+            cache_file_name=str(cache),
+            load_from_cache_file=True,
+            new_fingerprint=key,
+            desc=f"checking {what} rows",
+        )
+        seconds = time.perf_counter() - started
+    if cached:
+        logger.info("%s: %d checked rows read from the cache %s (%s)", what, len(checked), cache, who)
+    else:
+        rate = len(source) / seconds if seconds > 0 else float("inf")
+        logger.info("%s: %s checked %d rows (%.0f rows/s), cached in %s", what, who, len(source), rate, cache)
+    errors = list(checked[ERROR])
+    bad = [(str(row_id), error) for row_id, error in zip(checked["id"], errors, strict=True) if error is not None]
+    if keep:
+        checked = _beside(checked, source, keep)
+    if bad:
+        checked = checked.select([index for index, error in enumerate(errors) if error is None])
+    return checked.remove_columns(ERROR), bad
+
+
+def _beside(rows: datasets.Dataset, source: datasets.Dataset, columns: dict[str, str]) -> datasets.Dataset:
+    """`rows` beside `source`'s columns `{source name: row name}`, without copying them: the images stay where the
+    source keeps them, encoded (`datasets.Image(decode=False)`)."""
+    kept = source.select_columns(list(columns))
+    for name, feature in kept.features.items():
+        plain = undecoded(feature)
+        if plain is not feature:
+            kept = kept.cast_column(name, plain)
+    kept = kept.rename_columns({name: new for name, new in columns.items() if name != new})
+    return datasets.concatenate_datasets([rows, kept], axis=1)
+
+
+def undecoded(feature: Any) -> Any:
+    """The same column feature with its images left encoded (bytes and path, no PIL)."""
+    if isinstance(feature, datasets.Image):
+        return datasets.Image(decode=False)
+    if isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
+        return datasets.List(datasets.Image(decode=False))
+    if isinstance(feature, list) and feature and isinstance(feature[0], datasets.Image):
+        return [datasets.Image(decode=False)]
+    return feature
+
+
+def decode_on_access(rows: datasets.Dataset, decode: Callable[[dict[str, list]], dict[str, list]]) -> datasets.Dataset:
+    """`rows` whose reads (indexing, iteration, the data loader's batches) go through `decode`, which turns the
+    encoded images of a batch into normalised ones; a picklable `decode` (a `functools.partial` of a module
+    function) lets `dataloader_num_workers` processes decode in parallel."""
+    return rows.with_transform(decode)
