@@ -24,6 +24,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from vision_grpo.eval.scoring import summarize
+
 NONE = "–"
 # What makes two runs "the same model" for the grounding check: everything but the images shown.
 GROUNDING_KEYS = ("model", "adapter", "max_new_tokens")
@@ -47,7 +49,32 @@ def load_result(path: str | Path) -> dict[str, Any]:
         raise ResultError(f"cannot read result file {path}: {error}") from error
     if not isinstance(result, dict) or not {"summary", "records"} <= result.keys():
         raise ResultError(f"{path} is not an evaluation result (it needs `summary` and `records`)")
+    check_summary(result, path)
     return result
+
+
+def check_summary(result: dict[str, Any], path: Path) -> None:
+    """Refuse a result whose summary is not what its records give (an edited or damaged file): the tables read the
+    summary, the paired tests the records, and the two must tell one story."""
+    try:
+        recomputed = summarize(result["records"])
+    except (KeyError, TypeError, ZeroDivisionError) as error:
+        raise ResultError(f"{path}: its records cannot be summarised ({type(error).__name__}: {error})") from None
+    stored = result["summary"]
+    differing = [key for key, value in recomputed.items() if not _same(stored.get(key), value)]
+    if differing:
+        shown = "; ".join(
+            f"summary.{key} is {stored.get(key)!r}, its records give {recomputed[key]!r}" for key in differing
+        )
+        raise ResultError(f"{path}: the summary disagrees with the records ({shown}); re-run eval/evaluate.py for it")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
 
 
 def check_same_items(results: list[dict[str, Any]], names: list[str]) -> None:

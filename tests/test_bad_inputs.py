@@ -106,6 +106,23 @@ ENTRY_POINT_CASES = {
         r"tiny_cpu.yaml: max_completion_length must be at least 1, got 0; set `max_completion_length` to 1 or more",
     ),
     "negative learning rate": (["--learning_rate=-1e-5"], RecipeError, "learning_rate must be at least 0, got -1e-05"),
+    "zero batch": (
+        ["--per_device_train_batch_size", "0"],
+        RecipeError,
+        "per_device_train_batch_size must be at least 1, got 0",
+    ),
+    "nan learning rate": (["--learning_rate", "nan"], RecipeError, "learning_rate must be a finite number, got nan"),
+    "zero temperature": (["--temperature", "0.0"], RecipeError, "temperature must be above 0, got 0.0"),
+    "negative max_steps": (
+        ["--max_steps", "-5"],
+        RecipeError,
+        r"max_steps must be at least -1, got -5; .*\(-1, the default, trains num_train_epochs\)",
+    ),
+    "run name outside output_dir": (
+        ["--run_name", "../elsewhere"],
+        RecipeError,
+        "must name a folder inside output_dir",
+    ),
 }
 
 

@@ -148,7 +148,8 @@ def test_command_line_writes_report_and_plot(tmp_path: Path) -> None:
 
 def test_command_line_error_for_different_items_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(BASE))
-    (tmp_path / "b.json").write_text(json.dumps({**TRAINED, "records": TRAINED["records"][:3]}))
+    records = TRAINED["records"][:3]
+    (tmp_path / "b.json").write_text(json.dumps({"summary": summarize(records), "records": records}))
     process = run_script(["eval/compare.py", str(tmp_path / "a.json"), str(tmp_path / "b.json")], check=False)
     assert process.returncode != 0
     assert "error: a and b hold different items" in process.stderr and "Traceback" not in process.stderr
@@ -161,3 +162,18 @@ def test_files_that_are_not_results_are_refused(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text(json.dumps(BASE["summary"]))
     with pytest.raises(ResultError, match="not an evaluation result"):
         load_result(tmp_path / "summary.json")
+
+
+def test_a_result_whose_summary_disagrees_with_its_records_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """The issue's case: `summary.accuracy` edited to 0.92 showed 92.0% in the table beside McNemar read from the
+    records."""
+    (tmp_path / "base.json").write_text(json.dumps(BASE))
+    edited = {**TRAINED, "summary": {**TRAINED["summary"], "accuracy": 0.92}}
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    with pytest.raises(
+        ResultError,
+        match=r"edited.json: the summary disagrees with the records \(summary.accuracy is "
+        r"0.92, its records give 0.75\)",
+    ):
+        main([str(tmp_path / "base.json"), str(tmp_path / "edited.json"), "--output", str(tmp_path / "c.md")])
+    assert not (tmp_path / "c.md").exists()

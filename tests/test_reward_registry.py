@@ -7,10 +7,13 @@ The registry is process-wide, so every plugin written here gets a unique name.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,7 @@ import pytest
 from conftest import REPO
 
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
+from vision_grpo.stopping import GracefulStop, StopRequested
 
 COMPLETIONS = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "a longer answer"}]]
 
@@ -197,3 +201,49 @@ def test_importing_the_folders_from_the_repository_root_shares_one_registry() ->
     process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stderr[-2000:]
     assert "one registry" in process.stdout
+
+
+def test_a_reward_cannot_change_what_the_rewards_after_it_read(tmp_path: Path) -> None:
+    """TRL hands every reward the same completion and column objects: a weight-0 logger that edits them in place
+    made the next reward score the edited text (the issue's `seed_count_correct` read 1.0 instead of 0.125)."""
+    editor, reader = unique("edits"), unique("reads")
+    write_plugin(
+        tmp_path,
+        f"""
+        @reward()
+        def {editor}(completions, answer, **kwargs):
+            for completion in completions:
+                completion[0]["content"] = "rewritten"
+            answer[0] = "rewritten"
+            completions.append([{{"role": "assistant", "content": "extra"}}])
+            return [0.0] * (len(completions) - 1)
+
+        @reward()
+        def {reader}(completions, answer, **kwargs):
+            return [float(text == gold) for text, gold in zip(completion_texts(completions), answer)]
+        """,
+    )
+    edits, reads = get_reward_funcs([editor, reader], extra_dirs=[tmp_path])
+    completions = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "3"}]]
+    answers = ["2", "5"]
+    assert edits(completions=completions, answer=answers) == [0.0, 0.0]
+    assert reads(completions=completions, answer=answers) == [1.0, 0.0]
+    assert completions[0][0]["content"] == "2" and answers == ["2", "5"] and len(completions) == 2
+
+
+def test_a_reward_that_never_returns_is_stopped_by_the_first_sigterm(tmp_path: Path) -> None:
+    name = unique("hangs")
+    write_plugin(
+        tmp_path,
+        f"import time\n\n\n@reward()\ndef {name}(completions, **kwargs):\n    while True:\n        time.sleep(0.05)\n",
+    )
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        GracefulStop().on_train_begin(None, None, None)
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        with pytest.raises(StopRequested, match=rf"signal 15 during reward `{name}` \(running for \d+ s\): stopping"):
+            func(completions=COMPLETIONS)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -12,6 +12,7 @@ import difflib
 import enum
 import functools
 import itertools
+import math
 import sys
 import types
 import typing
@@ -91,6 +92,10 @@ class BaseTaskArguments:
     )
     logprob_gap_action: str = field(
         default="stop", metadata={"help": "vLLM only: `stop` training or `warn` when the gap exceeds the threshold."}
+    )
+    # Memory plan (vision_grpo/plan.py), printed at the start of every run.
+    memory_plan_check: bool = field(
+        default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
     )
     # Reusing a run folder.
     overwrite_run: bool = field(
@@ -317,16 +322,37 @@ def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
 
 
 # Trainer keys whose bad values TRL or torch refuse only once the model has loaded (a negative learning rate, when
-# the optimizer is built), or that would generate nothing to learn from (no completion tokens).
-LOWER_BOUNDS = {"max_completion_length": 1, "learning_rate": 0}
+# the optimizer is built; a batch of 0 or a temperature of 0 at the first step), that would generate nothing to
+# learn from (no completion tokens), or that would silently mean something else (`max_steps: -5` trains by epochs).
+LOWER_BOUNDS = {
+    "max_completion_length": 1,
+    "learning_rate": 0,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "max_steps": -1,
+}
+ABOVE_ZERO = ("temperature",)  # sampling divides the logits by it
 
 
 def _check_lower_bounds(parsed: tuple[Any, ...], where: str) -> None:
     for config in parsed:
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name, None)
+            if isinstance(value, float) and not math.isfinite(value) and f.name in (*LOWER_BOUNDS, *ABOVE_ZERO):
+                raise RecipeError(f"{where}: {f.name} must be a finite number, got {value}")
+            if isinstance(value, float) and math.isnan(value):
+                raise RecipeError(f"{where}: {f.name} must be a number, got {value}")
         for key, low in LOWER_BOUNDS.items():
             value = getattr(config, key, None)
             if value is not None and value < low:
-                raise RecipeError(f"{where}: {key} must be at least {low}, got {value}; set `{key}` to {low} or more")
+                hint = " (-1, the default, trains num_train_epochs)" if key == "max_steps" else ""
+                raise RecipeError(
+                    f"{where}: {key} must be at least {low}, got {value}; set `{key}` to {low} or more{hint}"
+                )
+        for key in ABOVE_ZERO:
+            value = getattr(config, key, None)
+            if value is not None and value <= 0:
+                raise RecipeError(f"{where}: {key} must be above 0, got {value}; set `{key}` to a positive number")
 
 
 def recipe_path_of(argv: list[str]) -> str | None:

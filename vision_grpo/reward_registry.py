@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vision_grpo.plugins import ENDS_THE_RUN, ended, import_plugin, plugin_files
+from vision_grpo.stopping import StopRequested, reward_call
 
 RewardFunc = Callable[..., list[float | None]]
 # The `rewards/` folder: where the package `vision_grpo.rewards` is installed from (found without importing it).
@@ -97,7 +98,10 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
     def checked(completions, **kwargs) -> list[float | None]:
         where = f"reward `{entry.name}` ({entry.source})"
         try:
-            values = func(completions=completions, **kwargs)
+            with reward_call(entry.name):
+                values = func(completions=own_copy(completions), **{key: own_copy(v) for key, v in kwargs.items()})
+        except StopRequested:
+            raise
         except ENDS_THE_RUN as error:
             raise RewardPluginError(f"{where} {ended(error)}") from error
         except Exception as error:
@@ -115,6 +119,19 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
     checked.__name__ = entry.name  # TRL logs `rewards/<__name__>/mean`
     checked.__qualname__ = entry.name
     return checked
+
+
+def own_copy(value: Any) -> Any:
+    """`value` with every list, tuple and dict copied, all the way down: TRL hands every reward the same objects, so
+    a plugin that edits a completion in place would change what the rewards after it read. Other objects (strings,
+    numbers, images, the trainer state) are shared; strings and numbers cannot be edited in place."""
+    if isinstance(value, list):
+        return [own_copy(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(own_copy(item) for item in value)
+    if isinstance(value, dict):
+        return {key: own_copy(item) for key, item in value.items()}
+    return value
 
 
 def get_reward_funcs(
