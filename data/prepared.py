@@ -61,6 +61,16 @@ def files_digest(paths: list[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def source_files(path: Path) -> list[Path]:
+    """The data files a local source path stands for (a file, or every data file under a folder); none for a Hub id."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        suffixes = {".parquet", ".arrow", ".jsonl", ".json", ".csv"}
+        return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+    return []
+
+
 def _sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:

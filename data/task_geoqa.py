@@ -9,6 +9,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -98,8 +99,11 @@ def score(row: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def identity(task_args: Any) -> dict[str, Any]:
-    """The source and its pinned revision (None: whatever `main` was), the expected test split, the prompt."""
+    """The source and its pinned revision (None: whatever `main` was), the expected test split, the prompt; for a
+    local copy also the content digest of its data files, so that data edited under the same path is noticed."""
+    files = prepared.source_files(Path(task_args.dataset_name).expanduser())
     return {
+        "source_sha256": prepared.files_digest(files) if files else None,
         "name": task_args.dataset_name,
         "revision": task_args.dataset_revision,
         "test_rows": task_args.geoqa_test_rows,

@@ -361,10 +361,16 @@ def score(row: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def identity(task_args: Any) -> dict[str, Any]:
-    """The source, revision, splits, column mapping, prompt and answer type: what decides the rows."""
+    """The source, revision, splits, column mapping, prompt and answer type: what decides the rows; for a local source
+    also the content digest of its data files, so that data edited under the same path is noticed (image files in
+    `vqa_image_folder` are not hashed)."""
     keys = [f.name for f in dataclasses.fields(Options)]
+    splits = {task_args.vqa_train_split, task_args.vqa_eval_split}
+    paths = {Path(task_args.dataset_name.replace("{split}", split)).expanduser() for split in splits}
+    files = sorted({file for path in paths for file in prepared.source_files(path)})
     return {
         "name": task_args.dataset_name,
         "revision": task_args.dataset_revision,
         **{key: getattr(task_args, key) for key in keys},
+        "source_sha256": prepared.files_digest(files) if files else None,
     }
