@@ -34,13 +34,12 @@ from vision_grpo.data import prepared, prompts_and_images, report_unused
 from vision_grpo.data.prepared import ERROR
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, make_example, normalize_image
 from vision_grpo.rewards import vqa as vqa_rewards
-from vision_grpo.rewards.vqa import ANSWER_TYPES, as_math, is_correct, predicted
+from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, is_correct, predicted
 
 logger = logging.getLogger(__name__)
 
 NAME = "vqa"
 DEFAULT_REWARDS = ["vqa_answer"]  # recipes add `vqa_format` with weight 0 to log the format rate
-LETTERS = "ABCDEFGHIJ"
 DEFAULT_TEMPLATE = (
     "{{ question }}{% if choices %}\n{% for choice in choices %}{{ letters[loop.index0] }}. {{ choice }}\n{% endfor %}"
     "Answer with the option's letter as \\boxed{X}.{% else %}\nPut the final answer in \\boxed{}.{% endif %}"
@@ -229,12 +228,15 @@ def _check(
     ratio and slots on what training will see), then dropped; `code` is in the cache key, not used."""
     args = SimpleNamespace(**options)
     out = {"id": _row_id(row, index, args), "prompt": [], "answer": "", "answer_type": args.vqa_answer_type}
-    out |= {"tolerance": args.vqa_tolerance, ERROR: None}
+    out |= {"tolerance": args.vqa_tolerance, "options": 0, ERROR: None}
     try:
         question = row[args.vqa_question_column]
         if question is None or (isinstance(question, str) and not question.strip()):
             raise VQADataError("no question (null or empty)")
         choices = list(row[args.vqa_choices_column] or []) if args.vqa_choices_column else []
+        if len(choices) > len(LETTERS):
+            raise VQADataError(f"{len(choices)} options, more than the {len(LETTERS)} letters A-J")
+        out["options"] = len(choices)
         text = render(_compiled(template), question, choices)
         value = row[args.vqa_image_column]
         images = _images(value, args.vqa_image_folder)
@@ -276,6 +278,7 @@ FEATURES = datasets.Features(
         "answer": datasets.Value("string"),
         "answer_type": datasets.Value("string"),
         "tolerance": datasets.Value("float64"),
+        "options": datasets.Value("int64"),  # a choice row's number of options: its letters are the first ones
         ERROR: datasets.Value("string"),
     }
 )
@@ -352,11 +355,11 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:
     """The reward's rule (rewards/vqa.py): gold, the answer read from the completion, right or not."""
-    kind = row["answer_type"]
+    kind, options = row["answer_type"], row.get("options") or len(LETTERS)
     return {
         "gold": row["answer"],
-        "prediction": predicted(text, kind),
-        "correct": is_correct(text, row["answer"], kind, row["tolerance"]),
+        "prediction": predicted(text, kind, options),
+        "correct": is_correct(text, row["answer"], kind, row["tolerance"], options),
     }
 
 

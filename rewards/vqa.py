@@ -1,7 +1,8 @@
 """Rewards of the generic VQA task (data/task_vqa.py): is the completion's final answer the row's answer, checked by
 the row's `answer_type`:
 
-- `choice`: the seed's boxed option letter (`\\boxed{B}`), against the letter of the right choice;
+- `choice`: the seed's boxed option rule (the last box holding one option letter, `\\boxed{B}`) with the row's own
+  letters (A-D for four options, A-J for ten), against the letter of the right choice;
 - `math`: mathematical equivalence through Hugging Face's `math_verify` (`\\boxed{\\sqrt{12}}` = `2\\sqrt{3}`);
 - `number`: the last `\\boxed{...}` read as a number, within the row's `tolerance` (absolute);
 - `exact`: the last `\\boxed{...}`, case and surrounding spaces ignored, equal to the answer.
@@ -17,10 +18,18 @@ from collections.abc import Sequence
 from math_verify import parse, verify
 
 from vision_grpo.rewards import completion_texts, reward
-from vision_grpo.rewards.boxed_option import parse_boxed_option
 
 ANSWER_TYPES = ("choice", "math", "number", "exact")
 BOXED = re.compile(r"\\boxed\s*\{")
+LETTERS = "ABCDEFGHIJ"  # the most options a choice row may have
+BOXED_LETTER = re.compile(r"\\boxed\s*\{\s*([A-J])\s*\}", re.IGNORECASE)
+
+
+def choice_letter(text: str, options: int) -> str | None:
+    """The letter (upper case) of the last box holding one of the row's `options` letters, or None: GeoQA's rule
+    (rewards/boxed_option.py) over A-D when there are four options, over A-J when there are ten."""
+    found = [letter.upper() for letter in BOXED_LETTER.findall(text) if letter.upper() in LETTERS[:options]]
+    return found[-1] if found else None
 
 
 def last_boxed(text: str) -> str | None:
@@ -51,20 +60,21 @@ def _math_answer(text: str) -> list:
     return as_math(boxed[-MATH_TAIL:]) if boxed is not None else parse(text[-MATH_TAIL:])
 
 
-def predicted(text: str, answer_type: str) -> str | None:
-    """The completion's final answer as the answer type reads it; None when there is none to read."""
+def predicted(text: str, answer_type: str, options: int = len(LETTERS)) -> str | None:
+    """The completion's final answer as the answer type reads it (`options`: a choice row's number of options);
+    None when there is none to read."""
     if answer_type == "choice":
-        return parse_boxed_option(text)
+        return choice_letter(text, options)
     if answer_type == "math":
         found = _math_answer(text)
         return str(found[-1]) if found else None
     return last_boxed(text)
 
 
-def is_correct(text: str, answer: str, answer_type: str, tolerance: float = 0.0) -> bool:
+def is_correct(text: str, answer: str, answer_type: str, tolerance: float = 0.0, options: int = len(LETTERS)) -> bool:
     """Whether the completion's final answer equals `answer` under `answer_type`."""
     if answer_type == "choice":
-        return parse_boxed_option(text) == answer
+        return choice_letter(text, options) == answer
     if answer_type == "math":
         found = _math_answer(text)
         return bool(found) and verify(as_math(answer), found)
@@ -79,21 +89,28 @@ def is_correct(text: str, answer: str, answer_type: str, tolerance: float = 0.0)
     return boxed.casefold() == answer.strip().casefold()
 
 
+def _options(options: Sequence[int] | None, rows: int) -> Sequence[int]:
+    return options if options is not None else [len(LETTERS)] * rows
+
+
 @reward()
 def vqa_answer(
-    completions, answer: Sequence[str], answer_type: Sequence[str], tolerance: Sequence[float], **kwargs
+    completions,
+    answer: Sequence[str],
+    answer_type: Sequence[str],
+    tolerance: Sequence[float],
+    options: Sequence[int] | None = None,
+    **kwargs,
 ) -> list[float]:
-    """1.0 when the final answer is right under the row's answer type, else 0.0."""
-    return [
-        1.0 if is_correct(text, str(gold), kind, tol) else 0.0
-        for text, gold, kind, tol in zip(completion_texts(completions), answer, answer_type, tolerance, strict=True)
-    ]
+    """1.0 when the final answer is right under the row's answer type (and number of options), else 0.0."""
+    texts = completion_texts(completions)
+    rows = zip(texts, answer, answer_type, tolerance, _options(options, len(texts)), strict=True)
+    return [1.0 if is_correct(text, str(gold), kind, tol, n) else 0.0 for text, gold, kind, tol, n in rows]
 
 
 @reward()
-def vqa_format(completions, answer_type: Sequence[str], **kwargs) -> list[float]:
+def vqa_format(completions, answer_type: Sequence[str], options: Sequence[int] | None = None, **kwargs) -> list[float]:
     """1.0 when the completion ends with an answer its answer type can read; logged with weight 0 as format rate."""
-    return [
-        1.0 if predicted(text, kind) is not None else 0.0
-        for text, kind in zip(completion_texts(completions), answer_type, strict=True)
-    ]
+    texts = completion_texts(completions)
+    rows = zip(texts, answer_type, _options(options, len(texts)), strict=True)
+    return [1.0 if predicted(text, kind, n) is not None else 0.0 for text, kind, n in rows]

@@ -38,6 +38,9 @@ CASES = {
     ],
     "vqa_two_image": ["--config", "recipes/vqa/tiny_two_image.yaml", "--dataset_name", "{root}/vqa/two_image"],
 }
+# Columns added since the recording (a choice row's number of options), left out of the digest; every other column
+# must be as recorded.
+ADDED = {"options"}
 # Recorded on the data path before it was made lazy (commit 1927d08).
 DIGESTS: dict[str, dict[str, str]] = {
     "shapes": {
@@ -81,7 +84,8 @@ def digest(dataset: Any) -> str:
     """One sha256 over every row in order, every column, images as decoded pixels."""
     total = hashlib.sha256()
     for index in range(len(dataset)):
-        total.update(json.dumps(_value(dataset[index]), sort_keys=True, ensure_ascii=False).encode())
+        row = {key: value for key, value in dataset[index].items() if key not in ADDED}
+        total.update(json.dumps(_value(row), sort_keys=True, ensure_ascii=False).encode())
     total.update(str(len(dataset)).encode())
     return total.hexdigest()
 

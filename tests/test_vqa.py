@@ -19,6 +19,7 @@ from vision_grpo.data.task_vqa import VQADataError
 from vision_grpo.data.vqa_fixtures import write_fixtures
 from vision_grpo.rewards import get_reward_funcs
 from vision_grpo.rewards.vqa import is_correct, last_boxed
+from vision_grpo.tasks import task_of
 
 MAX_PIXELS = 168 * 168
 FIXTURE_RECIPES = [
@@ -181,3 +182,26 @@ def test_a_template_refused_on_a_row_is_never_skipped_as_a_bad_row(fixtures: Pat
     with pytest.raises(ValueError, match=r"vqa_prompt_template: refused by the Jinja sandbox"):
         get_dataset(args, "train", MAX_PIXELS)
     assert not marker.exists()
+
+
+def test_a_five_option_row_scores_its_fifth_letter_in_the_reward_and_the_evaluator(tmp_path: Path) -> None:
+    """Options past D: the letters are the row's own (A-E here), both in the training reward and the task's scoring."""
+    folder = tmp_path / "five"
+    (folder / "images").mkdir(parents=True)
+    Image.new("RGB", (40, 40), "white").save(folder / "images" / "a.png")
+    options = ["one", "two", "three", "four", "five"]
+    lines = [{"id": "q", "image": "a.png", "question": "Which?", "options": options, "answer": 4}]
+    (folder / "test.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", str(folder / "images")]
+    argv += ["--vqa_choices_column", "options", "--vqa_answer_type", "choice", "--use_cpu", "true"]
+    args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)[0]
+    (row,) = get_dataset(args, "eval", MAX_PIXELS)
+    assert row["answer"] == "E" and "E. five" in row["prompt"][0]["content"][-1]["text"]
+    (reward,) = get_reward_funcs(["vqa_answer"])
+    columns = {key: [row[key]] for key in ("answer", "answer_type", "tolerance", "options")}
+    texts = ["so \\boxed{E}", "\\boxed{E} or rather \\boxed{F}", "\\boxed{D}"]  # F is no option of this row
+    assert reward(completions=[[{"role": "assistant", "content": t}] for t in texts[:1]], **columns) == [1.0]
+    for text, right in zip(texts, [True, True, False], strict=True):
+        assert reward(completions=[[{"role": "assistant", "content": text}]], **columns) == [float(right)]
+        scored = task_of(args).score(row, text)
+        assert (scored["correct"], scored["prediction"]) == (right, "E" if right else "D")
