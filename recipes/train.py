@@ -17,6 +17,7 @@ from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hp
 from vision_grpo.data import get_dataset
 from vision_grpo.logprob_guard import LogprobGapGuard
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
+from vision_grpo.plan import check_before_training
 from vision_grpo.recipe_run import RecipeRun
 from vision_grpo.rewards import get_recipe_rewards
 from vision_grpo.stopping import GracefulStop
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> Path:
 
 def train(run: RecipeRun) -> Path:
     task_args, training_args, model_args = run.task_args, run.training_args, run.model_args
+    check_before_training(task_args, training_args, model_args)  # memory plan; refuses a run this GPU cannot hold
 
     # Processor and model: the same loaders for the embedded tiny model and Hub checkpoints.
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)

@@ -97,6 +97,10 @@ class BaseTaskArguments:
     memory_plan_check: bool = field(
         default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
     )
+    # Memory plan (vision_grpo/plan.py), printed at the start of every run.
+    memory_plan_check: bool = field(
+        default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
+    )
     # Reusing a run folder.
     overwrite_run: bool = field(
         default=False, metadata={"help": "Delete the earlier run in this run folder and start over."}

@@ -1,0 +1,196 @@
+"""The memory a GRPO step needs, part by part, as functions of the model's config and the recipe's sizes.
+
+Every figure is in bytes per GPU rank. The terms follow what the code that runs keeps alive: transformers' Qwen-VL
+layers under bf16 autocast with PEFT LoRA adapters (PEFT keeps adapters in float32 and casts each adapter's input, so
+every adapted projection keeps its own bf16 copy of its input for backward), TRL 1.16's fused LM head
+(`trl.kernels.chunked_logprob.ChunkedLogProbFunction`: no `(batch, length, vocabulary)` logits, a 4096 x 32768 tile
+instead, and the hidden states it scores kept for backward) and transformers' `generate` with its dynamic cache.
+benchmarks/memory_plan.py measures each term on real-width few-layer models; docs/memory.md has the comparison.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+BF16, FP32 = 2, 4
+# trl.kernels.chunked_logprob: tokens per tile (TOKEN_CHUNK_SIZE) x vocabulary columns per tile (the trainer's chunk)
+HEAD_TILE_TOKENS, HEAD_TILE_VOCAB = 4096, 32768
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The widths of a Qwen-VL checkpoint that memory depends on, read from its config."""
+
+    model_type: str
+    hidden: int
+    intermediate: int
+    layer_types: tuple[str, ...]  # "full_attention" or "linear_attention" (Qwen3.5's Gated DeltaNet), per layer
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    qk_norm: bool  # Qwen3-VL and Qwen3.5 normalise queries and keys (float32 copies kept)
+    attn_output_gate: bool  # Qwen3.5's full-attention layers gate their output (q_proj is twice as wide)
+    linear_key_heads: int
+    linear_value_heads: int
+    linear_key_dim: int
+    linear_value_dim: int
+    linear_conv_kernel: int
+    vision_depth: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_heads: int
+    patch: int
+    merge: int
+    temporal_patch: int
+    vision_gated_mlp: bool  # Qwen2.5-VL: gate/up/down with SiLU; Qwen3-VL and Qwen3.5: fc1/fc2 with GELU
+
+
+def shape_of(config) -> ModelShape:
+    """The `ModelShape` of a transformers config of the Qwen-VL families (Qwen2.5-VL, Qwen3-VL, Qwen3.5)."""
+    text, vision = config.get_text_config(), config.vision_config
+    layers = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return ModelShape(
+        model_type=config.model_type,
+        hidden=text.hidden_size,
+        intermediate=text.intermediate_size,
+        layer_types=tuple(layers),
+        heads=text.num_attention_heads,
+        kv_heads=text.num_key_value_heads,
+        head_dim=head_dim,
+        vocab=text.vocab_size,
+        qk_norm=config.model_type != "qwen2_5_vl",
+        attn_output_gate=bool(getattr(text, "attn_output_gate", False)),
+        linear_key_heads=getattr(text, "linear_num_key_heads", 0) or 0,
+        linear_value_heads=getattr(text, "linear_num_value_heads", 0) or 0,
+        linear_key_dim=getattr(text, "linear_key_head_dim", 0) or 0,
+        linear_value_dim=getattr(text, "linear_value_head_dim", 0) or 0,
+        linear_conv_kernel=getattr(text, "linear_conv_kernel_dim", 0) or 0,
+        vision_depth=vision.depth,
+        vision_hidden=vision.hidden_size,
+        vision_intermediate=vision.intermediate_size,
+        vision_heads=vision.num_heads,
+        patch=vision.patch_size,
+        merge=vision.spatial_merge_size,
+        temporal_patch=vision.temporal_patch_size,
+        vision_gated_mlp=config.model_type == "qwen2_5_vl",
+    )
+
+
+def image_tokens(shape: ModelShape, pixels: int) -> tuple[int, int]:
+    """(vision patches, language-model image tokens) of one image of about `pixels` pixels: the processor rounds each
+    side to a multiple of patch x merge; one patch per `patch`^2 pixels (x temporal patch frames of a still image,
+    folded into one patch), one image token per merge^2 patches."""
+    unit = shape.patch * shape.merge
+    side = max(unit, round(pixels**0.5 / unit) * unit)
+    patches = (side // shape.patch) ** 2
+    return patches, patches // shape.merge**2
+
+
+def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: int, first: bool) -> float:
+    """Bytes one decoder layer keeps for backward per token (no gradient checkpointing).
+
+    `lora_rank` 0 means full fine-tuning (each linear keeps its input once); with LoRA every adapted projection keeps
+    its own bf16 copy of its input plus the rank-wide middle. The first layer's input norm keeps nothing (its input,
+    the frozen embedding, needs no gradient).
+    """
+    h, i = shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    norms = (0 if first else FP32 * h) + FP32 * h  # RMSNorm keeps its float32 input: input and post-attention norms
+
+    def inputs(*widths: int, shared: int) -> float:  # LoRA: one copy per projection; full fine-tuning: one per input
+        return BF16 * sum(widths) + 2 * BF16 * lora_rank * len(widths) if lora_rank else BF16 * shared
+
+    mlp = 3 * BF16 * i + inputs(h, h, shared=h) + inputs(i, shared=i)  # gate, act(gate), up; down's input
+    if layer_type == "linear_attention":
+        mixer_in = shape.linear_value_heads * shape.linear_value_dim
+        mixer = gated_delta_net_bytes_per_token(shape) + inputs(h, h, h, h, mixer_in, shared=h + mixer_in)
+        return norms + mixer + mlp
+    attention = 2 * BF16 * q + 2 * BF16 * kv + FP32 * shape.heads  # sdpa: q, out, k, v, log-sum-exp
+    if shape.qk_norm:
+        attention += FP32 * (q + kv)
+    if shape.attn_output_gate:
+        attention += 2 * BF16 * q  # sigmoid(gate) and the attention output it multiplies
+    return norms + attention + inputs(h, h, h, q, shared=h + q) + mlp
+
+
+@functools.cache
+def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> float:
+    """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward,
+    counted by running transformers' own module on the meta device: the torch fallback that runs without the
+    flash-linear-attention kernels keeps many float32 per-chunk tensors, too many terms to restate here."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    config = AutoConfig.for_model(
+        "qwen3_5_text",
+        hidden_size=shape.hidden,
+        linear_num_key_heads=shape.linear_key_heads,
+        linear_num_value_heads=shape.linear_value_heads,
+        linear_key_head_dim=shape.linear_key_dim,
+        linear_value_head_dim=shape.linear_value_dim,
+        linear_conv_kernel_dim=shape.linear_conv_kernel,
+    )
+    with torch.device("meta"):
+        mixer = Qwen3_5GatedDeltaNet(config, 0).to(torch.bfloat16).requires_grad_(False)
+        hidden = torch.empty(1, tokens, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+    seen: set[int] = set()
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        storage = tensor.untyped_storage()
+        if storage._cdata not in seen:
+            seen.add(storage._cdata)
+            total += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        mixer(hidden)
+    return total / tokens
+
+
+def vision_block_bytes_per_patch(shape: ModelShape, lora_rank: int) -> float:
+    """Bytes one vision block keeps for backward per patch when it trains (LoRA on the vision tower, or full)."""
+    d, i = shape.vision_hidden, shape.vision_intermediate
+
+    def inputs(*widths: int, shared: int) -> float:
+        return BF16 * sum(widths) + 2 * BF16 * lora_rank * len(widths) if lora_rank else BF16 * shared
+
+    norms = 2 * FP32 * d  # RMSNorm (Qwen2.5-VL) or LayerNorm (autocast runs it in float32): its float32 input
+    attention = 4 * BF16 * d + FP32 * shape.vision_heads + inputs(d, d, shared=2 * d)  # q, k, v, out; qkv, proj
+    if shape.vision_gated_mlp:
+        mlp = 3 * BF16 * i + inputs(d, d, i, shared=d + i)
+    else:
+        mlp = BF16 * i + inputs(d, i, shared=d + i)  # fc1's output (GELU's input); fc1's and fc2's inputs
+    return norms + attention + mlp
+
+
+def kv_cache_bytes_per_token(shape: ModelShape) -> int:
+    """The dynamic cache's keys and values per token (bf16), over the full-attention layers."""
+    full = sum(t == "full_attention" for t in shape.layer_types)
+    return full * 2 * shape.kv_heads * shape.head_dim * BF16
+
+
+def linear_state_bytes_per_sequence(shape: ModelShape) -> int:
+    """Qwen3.5's per-sequence Gated DeltaNet state: the float32 recurrent state and the bf16 convolution window."""
+    linear = sum(t == "linear_attention" for t in shape.layer_types)
+    recurrent = shape.linear_value_heads * shape.linear_key_dim * shape.linear_value_dim * FP32
+    conv_dim = 2 * shape.linear_key_heads * shape.linear_key_dim + shape.linear_value_heads * shape.linear_value_dim
+    return linear * (recurrent + conv_dim * shape.linear_conv_kernel * BF16)
+
+
+def head_bytes(shape: ModelShape, scored_tokens: int, lm_head_trains: bool) -> tuple[float, float]:
+    """(kept for backward, transient peak) of TRL 1.16's fused LM head over `scored_tokens` positions.
+
+    Kept: the scored hidden states (bf16), their targets and two float32 statistics. Transient: one bf16 tile of
+    at most 4096 x 32768 logits, reused for every chunk, and in backward the float32 gradient of the hidden states
+    (and of the head's weight when it trains)."""
+    kept = scored_tokens * (BF16 * shape.hidden + 8 + 2 * FP32)
+    tile = min(scored_tokens, HEAD_TILE_TOKENS) * min(HEAD_TILE_VOCAB, shape.vocab) * BF16
+    backward = scored_tokens * shape.hidden * FP32 + (shape.vocab * shape.hidden * FP32 if lm_head_trains else 0)
+    return kept, tile + backward
