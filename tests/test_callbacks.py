@@ -23,7 +23,7 @@ from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hp
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import Evaluator
+from vision_grpo.evaluator import Evaluator, images_of
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of
 from vision_grpo.rewards import get_reward_funcs
 
@@ -103,8 +103,9 @@ def test_holdout_metrics_are_the_evaluators_and_keep_the_mode(holdout_setup, tra
     evaluator = Evaluator(trainer.model, trainer.processing_class, "shapes", rewards, {})
     records = []
     for batch in (rows.select(range(4)), rows.select(range(4, 6))):  # the callback's batches of 4
-        generated = evaluator.generate(list(batch), list(batch["image"]), 8)
-        records += [evaluator.record(row, result) for row, result in zip(batch, generated, strict=True)]
+        rows_read = list(batch)  # the rows as a batch reads them, images drawn or decoded at access
+        generated = evaluator.generate(rows_read, [images_of(row) for row in rows_read], 8)
+        records += [evaluator.record(row, result) for row, result in zip(rows_read, generated, strict=True)]
     summary = summarize(records)
     for key in ("accuracy", "format_rate", "mean_completion_tokens", "hit_limit_rate", "distinct_output_rate"):
         assert metrics[key] == pytest.approx(summary[key]), key

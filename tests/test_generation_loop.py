@@ -42,7 +42,7 @@ def test_pass_at_k_samples_multi_image_rows(recipe: str, vqa_fixtures: Path, tmp
     result = pass_at_k.main([*args, "--k", "2", "--output", str(tmp_path / "pass.json")])
     task_args, _, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), recipe_args(recipe, vqa_fixtures))
     rows = get_dataset(task_args, "eval", max_pixels_of(get_processor(model_args, task_args)))
-    assert all(isinstance(images, list) for images in rows.select(range(3))["images"])
+    assert all(isinstance(row["images"], list) for row in rows.select(range(3)))
     assert [r["id"] for r in result["records"]] == rows["id"][:3]
     assert all(len(r["texts"]) == len(r["correct"]) == 2 for r in result["records"])
     assert json.loads((tmp_path / "pass.json").read_text())["summary"]["n"] == 3
