@@ -1,0 +1,93 @@
+"""The memory plan: its layer formula against what autograd keeps on a tiny replica, the refusal before the model
+loads on a GPU too small (the GPU's size faked, not the plan), and the command on every shipped recipe, offline."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from vision_grpo import memory_formulas as mf
+from vision_grpo import plan as plan_module
+from vision_grpo.config import RecipeError
+
+REPO = Path(__file__).resolve().parents[1]
+# Every GRPO recipe (the SFT warm starts, recipes/sft.py's, are another trainer the plan does not model)
+RECIPES = sorted(str(p.relative_to(REPO)) for p in (REPO / "recipes").glob("**/*.yaml") if "sft" not in p.name)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_plan_command_runs_offline_on_every_shipped_recipe(recipe: str, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert plan_module.main(["--config", recipe]) == 0
+    out = capsys.readouterr().out
+    assert "peak (larger phase)" in out and "141 GiB card" in out and "weights" in out
+
+
+def test_layer_formula_matches_what_autograd_keeps_on_the_tiny_replica(tiny_model_path: Path) -> None:
+    """LoRA on every linear, bf16 autocast: the second decoder layer's saved tensors within 20% of the formula."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(tiny_model_path)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+    layers = model.base_model.model.model.language_model.layers
+    current = ["other"]
+    layers[1].register_forward_pre_hook(lambda m, a: current.__setitem__(0, "layer 1"))
+    layers[1].register_forward_hook(lambda m, a, o: current.__setitem__(0, "other"))
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: set[int] = set()
+    kept = {"layer 1": 0, "other": 0}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in params and storage._cdata not in seen:
+            seen.add(storage._cdata)
+            kept[current[0]] += storage.nbytes()
+        return tensor
+
+    tokens = 2048
+    ids = torch.randint(0, config.get_text_config().vocab_size - 20, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.base_model.model.model.language_model(input_ids=ids, use_cache=False)
+    planned = mf.text_layer_bytes_per_token(mf.shape_of(config), "full_attention", 8, first=False) * tokens
+    assert 0.8 < kept["layer 1"] / planned < 1.2, (kept, planned)
+
+
+def _recipe(path: str, *overrides: str):
+    from trl import GRPOConfig, ModelConfig
+
+    from vision_grpo.config import TaskArguments, parse_recipe
+
+    task_args, training_args, model_args = parse_recipe(
+        (TaskArguments, GRPOConfig, ModelConfig), ["--config", path, "--use_cpu", "true", *overrides]
+    )
+    training_args.use_cpu = False  # as on the GPU machine the recipe is meant for
+    return task_args, training_args, model_args
+
+
+def _fake_gpu(monkeypatch, gib: float) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    properties = types.SimpleNamespace(total_memory=int(gib * plan_module.GiB))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: properties)
+
+
+def test_a_plan_over_the_present_gpu_is_refused_naming_the_key(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    _fake_gpu(monkeypatch, 16)
+    with pytest.raises(RecipeError, match=r"this GPU \(Fake GPU\) has 16.0 GiB; change `per_device_train_batch_size`"):
+        plan_module.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml"))
+
+
+def test_a_plan_within_the_gpu_or_with_the_check_off_passes(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    _fake_gpu(monkeypatch, 141)
+    assert plan_module.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml")) is not None
+    _fake_gpu(monkeypatch, 16)
+    args = _recipe("recipes/geoqa/qwen3_5_4b_lora.yaml", "--memory_plan_check", "false")
+    assert plan_module.check_before_training(*args).total() > 16 * plan_module.GiB
