@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import json
 import logging
 import math
 import sys
@@ -83,11 +84,15 @@ class Run:
     label: str
     config: dict[str, Any]
     scalars: dict[str, list[tuple[int, float]]]  # tag -> (step, value), by step
+    trainer: str | None = None  # the trainer class the manifest records (written before training starts)
 
     @property
     def kind(self) -> str:
-        """`GRPO` or `SFT`, from what the trainer logged: TRL's GRPOTrainer logs a reward, and our held-out curves
-        (GRPO only) start at step 0, before the first reward; SFTTrainer logs neither."""
+        """`GRPO` or `SFT`: the trainer the run's manifest names (so a run that crashed before logging anything is
+        filed right), else what the trainer logged: TRL's GRPOTrainer logs a reward, and our held-out curves (GRPO
+        only) start at step 0, before the first reward; SFTTrainer logs neither."""
+        if self.trainer:
+            return "SFT" if "SFT" in self.trainer else "GRPO"
         grpo = any(tag == "train/reward" or tag.startswith("train/holdout/") for tag in self.scalars)
         return "GRPO" if grpo else "SFT"
 
@@ -133,8 +138,17 @@ def load_runs(paths: list[Path]) -> list[Run]:
         if not recipe.is_file():
             logger.warning("%s has no recipe.yaml: its config is unknown", path)
         config = yaml.safe_load(recipe.read_text(encoding="utf-8")) if recipe.is_file() else {}
-        runs.append(Run(path, label, config or {}, read_scalars(path)))
+        runs.append(Run(path, label, config or {}, read_scalars(path), _trainer_of(path)))
     return runs
+
+
+def _trainer_of(run_dir: Path) -> str | None:
+    """The trainer class a run's `manifest.json` names (None for a run recorded before manifests named it)."""
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get("trainer") if isinstance(manifest, dict) else None
 
 
 def _unique_labels(paths: list[Path]) -> list[str]:

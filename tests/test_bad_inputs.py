@@ -123,6 +123,11 @@ ENTRY_POINT_CASES = {
         RecipeError,
         "must name a folder inside output_dir",
     ),
+    "missing local model folder": (
+        ["--model_name_or_path", "models/qwen/checkpoint-100"],
+        FileNotFoundError,
+        r"model path models/qwen/checkpoint-100 does not exist \(a Hub id is `name` or `owner/name`",
+    ),
 }
 
 
@@ -137,6 +142,20 @@ def test_the_entry_point_refuses_bad_input_and_writes_nothing(
     with pytest.raises(error, match=message):
         train_main()([*base, *args])
     assert not (tmp_path / "runs").exists()
+
+
+def test_no_recipe_says_so_instead_of_a_bf16_error(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"no recipe: pass `--config <recipe.yaml>`, e.g. `--config recipes/shapes"):
+        train_main()(["--output_dir", str(tmp_path / "runs")])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_yaml_merge_keys_are_read(tmp_path: Path) -> None:
+    """`<<:` failed with "could not determine a constructor for the tag 'tag:yaml.org,2002:merge'"."""
+    recipe = tmp_path / "merged.yaml"
+    recipe.write_text(Path(TINY_RECIPE).read_text() + "\n<<: {max_grad_norm: 0.5}\n")
+    _, training_args, _ = parse_recipe(config_classes(recipe), ["--config", str(recipe)])
+    assert training_args.max_grad_norm == 0.5
 
 
 def test_the_command_line_shows_the_error_as_its_last_line(tmp_path: Path) -> None:

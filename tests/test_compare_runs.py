@@ -259,3 +259,12 @@ def test_run_kind_comes_from_the_logged_tags():
     assert grpo_run("g", {}, {"train/reward": [0.1]}).kind == "GRPO"
     assert grpo_run("h", {}, {"train/holdout/accuracy": [0.1]}).kind == "GRPO"  # stopped before its first reward
     assert grpo_run("s", {}, {"train/loss": [2.0], "train/mean_token_accuracy": [0.5]}).kind == "SFT"
+
+
+def test_a_grpo_run_that_crashed_before_logging_a_reward_is_filed_as_grpo(tmp_path):
+    """The manifest names the trainer before training starts; the tags alone filed such a run under "SFT runs"."""
+    crashed = make_run(tmp_path / "crashed", {"learning_rate": 1e-3}, {"train/learning_rate": [1e-3]})
+    (crashed / "manifest.json").write_text(json.dumps({"trainer": "VisionGRPOTrainer"}))
+    sft = make_run(tmp_path / "sft", {"learning_rate": 1e-3}, {"train/loss": [2.0]})
+    (sft / "manifest.json").write_text(json.dumps({"trainer": "SFTTrainer"}))
+    assert [run.kind for run in load_runs([crashed, sft])] == ["GRPO", "SFT"]

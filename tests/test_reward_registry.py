@@ -7,6 +7,7 @@ The registry is process-wide, so every plugin written here gets a unique name.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import signal
@@ -122,12 +123,34 @@ def test_a_plugin_that_raises_names_the_plugin_and_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "source", ["def broken(:\n", "import a_module_that_does_not_exist_anywhere\n", "raise RuntimeError('boom')\n"]
 )
-def test_a_plugin_that_fails_to_import_names_the_file(tmp_path: Path, source: str) -> None:
+def test_a_plugin_that_fails_to_import_names_the_file(
+    tmp_path: Path, source: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that asks for a reward the broken file might define is refused naming the file; a run that does not
+    use it goes on, with a warning naming it (before: one broken file stopped every run)."""
     path = tmp_path / f"{unique('broken')}.py"
     path.write_text(source)
-    with pytest.raises(RewardPluginError, match="failed to import") as error:
-        get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
-    assert str(path.resolve()) in str(error.value)
+    with pytest.raises(
+        RewardPluginError, match=r"unknown reward\(s\) \['its_reward'\], and 1 plugin file\(s\) failed"
+    ) as error:
+        get_reward_funcs(["its_reward"], extra_dirs=[tmp_path])
+    assert f"{path.resolve()} failed to import" in str(error.value)
+    with caplog.at_level(logging.WARNING):
+        (func,) = get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
+    assert f"{path.resolve()} failed to import" in caplog.text and "this run does not use it" in caplog.text
+
+
+def test_a_reward_folder_anyone_can_write_to_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    name, path = plugin_returning(folder, "[1.0] * len(completions)")
+    folder.chmod(0o777)
+    with pytest.raises(RewardPluginError, match=rf"reward folder {folder} is writable by every user: .*chmod o-w"):
+        get_reward_funcs([name], extra_dirs=[folder])
+    folder.chmod(0o755)
+    path.chmod(0o666)
+    with pytest.raises(RewardPluginError, match=rf"reward file {path.resolve()} is writable by every user"):
+        get_reward_funcs([name], extra_dirs=[folder])
 
 
 @pytest.mark.parametrize(
@@ -157,7 +180,7 @@ def test_a_plugin_that_exits_while_imported_is_an_error_naming_the_file(
     path = tmp_path / f"{unique('exits_on_import')}.py"
     path.write_text(source)
     with pytest.raises(RewardPluginError, match=r"called sys\.exit\((0|2)\).*while being imported") as error:
-        get_reward_funcs(["count_correct"], extra_dirs=[tmp_path])
+        get_reward_funcs(["its_reward"], extra_dirs=[tmp_path])  # a reward the file might have defined
     assert str(path.resolve()) in str(error.value)
 
 

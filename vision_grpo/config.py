@@ -97,10 +97,6 @@ class BaseTaskArguments:
     memory_plan_check: bool = field(
         default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
     )
-    # Memory plan (vision_grpo/plan.py), printed at the start of every run.
-    memory_plan_check: bool = field(
-        default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
-    )
     # Reusing a run folder.
     overwrite_run: bool = field(
         default=False, metadata={"help": "Delete the earlier run in this run folder and start over."}
@@ -206,6 +202,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     lines: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged keys may be overridden, not duplicates
+            continue
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if key in lines:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,14 @@ def plugin_files(folders: Sequence[Path], error: type[Exception], kind: str) -> 
     for folder in map(Path, folders):
         if not folder.is_dir():
             raise error(f"{kind} folder {folder} does not exist")
-        files += [path.resolve() for path in sorted(folder.glob("*.py")) if not path.name.startswith("_")]
+        found = [path.resolve() for path in sorted(folder.glob("*.py")) if not path.name.startswith("_")]
+        for writable in [folder, *found]:
+            if writable.stat().st_mode & stat.S_IWOTH:
+                raise error(
+                    f"{kind} {'folder' if writable == folder else 'file'} {writable} is writable by every user: "
+                    f"anyone on this machine could put code into your run; `chmod o-w {writable}`"
+                )
+        files += found
     return files
 
 

@@ -25,6 +25,7 @@ from trl import ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
+from vision_grpo.modeling import EMBEDDED_MODELS
 from vision_grpo.runs import (
     CheckpointChecksums,
     checksum_fault,
@@ -78,6 +79,11 @@ class RecipeRun:
         without loading anything or touching the folder. With a larger `max_steps` it continues from its last
         checkpoint.
         """
+        if recipe_path_of(argv) is None and not {"--help", "-h", "--help_all"} & set(argv):
+            raise RecipeError(  # TRL's defaults alone fail far from the cause ("Your setup doesn't support bf16/gpu")
+                "no recipe: pass `--config <recipe.yaml>`, e.g. `--config recipes/shapes/tiny_cpu.yaml` (the recipes "
+                "are in recipes/; keys on the command line override the recipe's)"
+            )
         configs = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
         task_args, training_args, model_args = configs
         configure_threads()
@@ -89,6 +95,7 @@ class RecipeRun:
         run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, None, is_main)
 
         def claim() -> None:
+            check_local_model_path(model_args.model_name_or_path)
             run.lock.enter_context(hold_run_dir(run_dir))
             run.resume_from = resume_checkpoint(training_args.resume_from_checkpoint, run_dir)
             if run.resume_from is None:
@@ -128,6 +135,7 @@ class RecipeRun:
         if self.is_main:
             facts = {
                 "task": self.task_args.task,
+                "trainer": type(trainer).__name__,  # which kind of run this is, known before anything is logged
                 "dataset": dataset_identity(self.task_args),
                 "model_weights": self.model_weights,
                 "seed": self.training_args.seed,
@@ -157,6 +165,17 @@ class RecipeRun:
         state.destroy_process_group()
         self.lock.close()
         return self.run_dir
+
+
+def check_local_model_path(name: str) -> None:
+    """A model name that cannot be a Hub id (`name` or `owner/name`) is a local folder: say it is missing, instead
+    of the Hub client's "Repo id must be in the form ..." (HFValidationError)."""
+    if name in EMBEDDED_MODELS or Path(name).expanduser().exists():
+        return
+    if name.count("/") > 1 or ".." in Path(name).parts or "\\" in name:
+        raise FileNotFoundError(
+            f"model path {name} does not exist (a Hub id is `name` or `owner/name`, so this must be a local folder)"
+        )
 
 
 def hold_run_dir(run_dir: Path) -> ExitStack:

@@ -10,6 +10,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 from vision_grpo.plugins import ENDS_THE_RUN, ended, import_plugin, plugin_files
 from vision_grpo.stopping import StopRequested, reward_call
 
+logger = logging.getLogger(__name__)
 RewardFunc = Callable[..., list[float | None]]
 # The `rewards/` folder: where the package `vision_grpo.rewards` is installed from (found without importing it).
 BUILTIN_DIR = Path(importlib.util.find_spec("vision_grpo.rewards").submodule_search_locations[0]).resolve()
@@ -83,10 +85,25 @@ def _import_file(path: Path) -> None:
 
 
 def discover(extra_dirs: Sequence[str | Path] = ()) -> dict[str, RegisteredReward]:
-    """Import every plugin file of this folder and of `extra_dirs`; return the registry."""
+    """Import every plugin file of this folder and of `extra_dirs`; return the registry. A file that fails to
+    import is an error naming it."""
+    registry, broken = _discover(extra_dirs)
+    if broken:
+        raise broken[0]
+    return registry
+
+
+def _discover(extra_dirs: Sequence[str | Path]) -> tuple[dict[str, RegisteredReward], list[RewardPluginError]]:
+    """The registry after importing every plugin file that imports, and the errors of those that do not."""
+    broken = []
     for path in plugin_files([BUILTIN_DIR, *map(Path, extra_dirs)], RewardPluginError, "reward"):
-        _import_file(path)
-    return dict(_REGISTRY)
+        try:
+            _import_file(path)
+        except RewardPluginError as error:
+            if error.__cause__ is None:  # not a file failing to import (e.g. two plugins of one name): always fatal
+                raise
+            broken.append(error)
+    return dict(_REGISTRY), broken
 
 
 def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
@@ -138,10 +155,17 @@ def get_reward_funcs(
     names: Sequence[str], extra_dirs: Sequence[str | Path] = (), context: dict[str, Any] | None = None
 ) -> list[RewardFunc]:
     """The checked reward functions for `names`, in order; `context` values are bound where a plugin asks."""
-    registry = discover(extra_dirs)
+    registry, broken = _discover(extra_dirs)
     missing = [name for name in names if name not in registry]
+    if missing and broken:  # the missing reward may be in a file that did not import: say which
+        raise RewardPluginError(
+            f"unknown reward(s) {missing}, and {len(broken)} plugin file(s) failed to import: "
+            + "; ".join(map(str, broken))
+        )
     if missing:
         raise RewardPluginError(f"unknown reward(s) {missing}; available: {sorted(registry)}")
+    for error in broken:  # a broken file this run does not need must not stop it, nor pass unseen
+        logger.warning("%s; this run does not use it and goes on", error)
     return [_checked(registry[name], context or {}) for name in names]
 
 
