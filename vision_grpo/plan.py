@@ -336,6 +336,9 @@ def check_before_training(task_args: Any, training_args: Any, model_args: Any) -
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        print(__doc__.strip())
+        return 0
     if "--config" not in argv:
         print(
             "usage: python -m vision_grpo.plan --config <recipe> [--num_processes N] [--key value ...]", file=sys.stderr
