@@ -110,6 +110,8 @@ def checked_rows(
     `deciding` holds everything besides the source that decides the rows (column mapping, template, pixel limit, the
     code's digest): changing any of it, or the source, makes another cache file; other recipe keys reuse it.
     """
+    if not len(source):
+        return datasets.Dataset.from_dict({"id": []}), []  # `get_dataset` says the split is empty
     key = Hasher.hash([source_key or source._fingerprint, deciding])
     cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
     cache.parent.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,14 @@ class TemplateRefused(ValueError):
     """A prompt template that asks for what the sandbox refuses: the recipe's fault, never a bad row to skip."""
 
 
+NULLS = ("null", "none", "~", "")  # how a shell or a YAML typo writes "no column"
+
+
 def check(task_args: Any) -> None:
+    for key in ("vqa_id_column", "vqa_choices_column", "vqa_image_folder"):
+        value = getattr(task_args, key)
+        if isinstance(value, str) and value.strip().lower() in NULLS:
+            setattr(task_args, key, None)  # `--vqa_id_column null` means none, not a column named "null"
     if task_args.vqa_answer_type not in ANSWER_TYPES:
         raise ValueError(f"vqa_answer_type: {task_args.vqa_answer_type!r} is not one of {list(ANSWER_TYPES)}")
     if task_args.vqa_answer_type == "choice" and not task_args.vqa_choices_column:
@@ -139,13 +146,11 @@ def _read_file(path: Path) -> datasets.Dataset:
     kinds = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
     if path.suffix not in kinds:
         raise VQADataError(f"{path}: not a .parquet or .jsonl file")
-    try:
-        return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
-    except Exception as error:
-        line = _first_non_utf8_line(path) if kinds[path.suffix] == "json" else None
-        if line is None:
-            raise
-        raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8") from error
+    # JSON must be UTF-8; Arrow's reader would pass invalid bytes on, to fail later without naming file or line.
+    line = _first_non_utf8_line(path) if kinds[path.suffix] == "json" else None
+    if line is not None:
+        raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8")
+    return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
 
 
 def _first_non_utf8_line(path: Path) -> int | None:

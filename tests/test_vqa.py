@@ -87,6 +87,7 @@ def test_geometry3k_from_parquet_keeps_free_form_math_answers(fixtures: Path) ->
         "answer",
         "answer_type",
         "tolerance",
+        "options",
     }
     assert any("\\sqrt" in answer for answer in rows["answer"]) and set(rows["answer_type"]) == {"math"}
     assert len(rows[0]["images"]) == 1
