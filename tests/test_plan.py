@@ -27,7 +27,8 @@ def test_plan_command_runs_offline_on_every_shipped_recipe(recipe: str, capsys, 
 
 
 def test_layer_formula_matches_what_autograd_keeps_on_the_tiny_replica(tiny_model_path: Path) -> None:
-    """LoRA on every linear, bf16 autocast: the second decoder layer's saved tensors within 20% of the formula."""
+    """LoRA on every linear, bf16 autocast: the second decoder layer's saved tensors within 10% of the formula
+    (full fine-tuning's terms, one saved input per projection input, are 20% off)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -54,7 +55,7 @@ def test_layer_formula_matches_what_autograd_keeps_on_the_tiny_replica(tiny_mode
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model.base_model.model.model.language_model(input_ids=ids, use_cache=False)
     planned = mf.text_layer_bytes_per_token(mf.shape_of(config), "full_attention", 8, first=False) * tokens
-    assert 0.8 < kept["layer 1"] / planned < 1.2, (kept, planned)
+    assert 0.9 < kept["layer 1"] / planned < 1.1, (kept, planned)
 
 
 def _recipe(path: str, *overrides: str):
