@@ -140,7 +140,7 @@ def image_pixels(task_args: Any, override: int | None) -> tuple[int, str]:
     """Pixels per image and where that figure came from."""
     if override:
         return override, "--image_pixels"
-    if task_args.task == "shapes":
+    if task_args.task == "shapes" and not (task_args.max_pixels and task_args.max_pixels < task_args.shapes_canvas**2):
         return task_args.shapes_canvas**2, f"shapes_canvas {task_args.shapes_canvas}px"
     if task_args.max_pixels:
         return task_args.max_pixels, "max_pixels"
