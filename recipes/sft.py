@@ -46,6 +46,10 @@ def train(run: RecipeRun) -> Path:
         mislabel_share=task_args.sft_mislabel_share,
     )
 
+    # The rows hold what their images are decoded or drawn from (an encoded column, a shapes index), which the
+    # model's signature does not name: the Trainer's column pruning would drop it before the decoding transform runs
+    # (GRPOConfig already defaults to keeping every column).
+    training_args.remove_unused_columns = False
     trainer = SFTTrainer(
         model=model,
         args=training_args,
