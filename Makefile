@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"

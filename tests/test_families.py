@@ -19,6 +19,7 @@ from trl import GRPOConfig, ModelConfig
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
+from vision_grpo.data.vqa_fixtures import write_fixtures
 from vision_grpo.evaluator import Evaluator
 from vision_grpo.modeling import get_processor, load_model, max_pixels_of, vision_special_token_ids
 
@@ -30,19 +31,26 @@ GPU_RECIPES = [
     ("recipes/shapes/qwen2_5_vl_3b_lora.yaml", QWEN2_5),
     ("recipes/geoqa/qwen3_vl_4b_lora.yaml", QWEN3_VL),
     ("recipes/shapes/qwen3_vl_4b_lora.yaml", QWEN3_VL),
+    ("recipes/vqa/qwen2_5_vl_3b_lora.yaml", QWEN2_5),
 ]
 CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true"]  # no GPU here: TRL refuses bf16 without one
 
 
 @pytest.fixture(scope="module")
 def geoqa_fixture(tmp_path_factory) -> Path:
+    """The offline data of the GPU recipes: the GeoQA-schema parquet, and beside it the VQA fixtures."""
+    write_fixtures(tmp_path_factory.getbasetemp() / "families_vqa")
     return write_fixture(tmp_path_factory.mktemp("geoqa") / "geoqa.parquet", train_rows=24)
 
 
 def data_overrides(recipe: str, fixture: Path) -> list[str]:
-    """The offline data in place of the Hub dataset (GeoQA) or fewer generated images (shapes)."""
+    """The offline data in place of the Hub dataset (GeoQA, the VQA fixture of the recipe's schema) or fewer
+    generated images (shapes)."""
     if "geoqa" in recipe:
         return ["--dataset_name", str(fixture), "--dataset_revision", ""]
+    if "vqa" in recipe:
+        geometry3k = fixture.parent.parent / "families_vqa" / "geometry3k"
+        return ["--dataset_name", str(geometry3k), "--dataset_revision", ""]
     return ["--shapes_train_size", "16", "--shapes_eval_size", "8"]
 
 
