@@ -159,7 +159,7 @@ class RecipeRun:
 
     def close(self) -> Path:
         """Leave together and close the process group: a rank that exits while gloo's threads still serve another
-        aborted with "terminate called without an active exception" (seen once in CI, 2 CPU processes)."""
+        can abort the process with "terminate called without an active exception" (gloo on CPU)."""
         state = PartialState()
         state.wait_for_everyone()
         state.destroy_process_group()

@@ -1,13 +1,14 @@
 """vLLM generation that is correct for Qwen-VL prompts, in TRL's colocate and server modes.
 
-Two upstream gaps, both measured against a real (CPU) vLLM build with the embedded model:
+Two upstream gaps, both reproduced against a real (CPU) vLLM build with the embedded model (the figures are in
+docs/scaling.md with the command):
 
 1. Prompt form (colocate). TRL renders each prompt with the processor, whose ids already hold one image token per
    image feature, and hands those ids with the image to the engine, which expands the placeholder again
-   (huggingface/trl#6294, #6401; not fixed in TRL 1.16): a 62-token prompt with 36 image tokens reached the engine as
-   97 tokens with 71. The policy then learns from samples drawn for another prompt (mean logprob gap 0.10). The
-   engine must receive one placeholder per image and expand it itself, with the trainer's pixel limits, so that its
-   expansion is the trainer's prompt exactly; `VisionPromptEngine` does that and checks the engine's prompt.
+   (huggingface/trl#6294, #6401; not fixed in TRL 1.16), so every image's tokens reach the engine twice. The policy
+   then learns from samples drawn for another prompt. The engine must receive one placeholder per image and
+   expand it itself, with the trainer's pixel limits, so that its expansion is the trainer's prompt exactly;
+   `VisionPromptEngine` does that and checks the engine's prompt.
    Server mode already pairs the trainer's expanded ids with features the server computed; there the risk is a
    server whose pixel limits differ from the recipe's, which `VisionVLLMGeneration._place_features` refuses.
 2. Vision tokens. TRL suppresses the image token only for HF generation; vLLM samples it, and training crashes a
