@@ -181,8 +181,8 @@ def test_the_evaluator_never_generates_a_vision_token_even_when_the_model_prefer
     processor = get_processor(args, TaskArguments())
     model = force_vision_tokens(load_model(args))
     evaluator = Evaluator(model, processor, "shapes", [], {})
-    rows = get_dataset(TaskArguments(shapes_train_size=2), "train", max_pixels_of(processor))
-    generated = evaluator.generate(list(rows), list(rows["image"]), max_new_tokens=8)
+    rows = list(get_dataset(TaskArguments(shapes_train_size=2), "train", max_pixels_of(processor)))  # images drawn
+    generated = evaluator.generate(rows, [row["image"] for row in rows], max_new_tokens=8)
     vision_ids = set(vision_special_token_ids(processor.tokenizer))
     assert len(generated) == 2 and all(g["ids"] for g in generated)
     assert not any(vision_ids & set(g["ids"]) for g in generated)

@@ -441,7 +441,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_exactly_where_it_stopped(tmp_pa
         env=guarded_env(tmp_path, cut_log),
         timeout=600,
     )
-    assert "checkpoint-4: no trainer_state.json (cut off while saving)" in resumed.stderr
+    assert "checkpoint-4: it has no trainer_state.json" in resumed.stderr
 
     whole, cut = probe_records(whole_log), probe_records(cut_log)
     first_pid = cut[0]["pid"]

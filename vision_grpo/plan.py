@@ -14,8 +14,10 @@ measurements and says what only a GPU run can confirm.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,13 +105,28 @@ def model_config(name: str) -> Any:
         ) from None
 
 
+@contextlib.contextmanager
+def _without_zero3_init() -> Iterator[None]:
+    """Under a ZeRO-3 launch transformers partitions and initialises every model it builds, which fails on the meta
+    device ("Cannot copy out of meta tensor"); counting parameters needs the plain module tree, so the HF DeepSpeed
+    config is set aside (transformers keeps it as a module-level reference) while it is built."""
+    from transformers.integrations import deepspeed
+
+    saved = deepspeed._hf_deepspeed_config_weak_ref
+    deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def parameter_counts(config: Any, lora_rank: int, lora_on_vision: bool, targets: list[str] | None) -> dict[str, int]:
     """Parameters of the whole model, of its vision tower and of the LoRA adapters, counted on the meta device."""
     from transformers import AutoModelForImageTextToText
 
     from vision_grpo.modeling import is_vision_parameter
 
-    with torch.device("meta"):
+    with torch.device("meta"), _without_zero3_init():
         model = AutoModelForImageTextToText.from_config(config)
     output = model.get_output_embeddings()
     counts = {"total": sum(p.numel() for p in model.parameters()), "vision": 0, "lora": 0}
