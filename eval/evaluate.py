@@ -19,15 +19,14 @@ lock, `<output>.lock`), and an existing result or partial file is never replaced
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,14 @@ from vision_grpo.eval.scoring import summarize
 from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, chunks, default_max_new_tokens, read_batch
 from vision_grpo.modeling import max_pixels_of
 from vision_grpo.recipe_run import decided_by_main_process, from_main_process
-from vision_grpo.runs import content_digest, dataset_identity, model_identity, package_versions, write_text_atomic
+from vision_grpo.runs import (
+    content_digest,
+    dataset_identity,
+    hold_lock,
+    model_identity,
+    package_versions,
+    write_text_atomic,
+)
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger("vision_grpo.evaluate")
@@ -162,31 +168,15 @@ def read_partial(partial: Path, metadata: dict[str, Any], known_only: bool = Fal
     return {record["id"]: record for record in records}
 
 
-@contextmanager
-def hold_output(output: Path) -> Iterator[None]:
+def hold_output(output: Path) -> AbstractContextManager[None]:
     """Hold `<output>.lock` while the block runs: a second evaluation of the same output fails at once, naming the
-    process that holds it, instead of deleting or mixing into this one's files. The lock file is removed after."""
-    lock = output.with_name(output.name + ".lock")
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 20).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise OutputConflict(
-                f"another evaluation (pid {holder}) is writing {output}: wait for it to end or choose another --output"
-            ) from None
-        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
-            break
-        os.close(fd)  # locked a file its last holder removed on leaving: lock the one at the path now
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    try:
-        yield
-    finally:
-        lock.unlink(missing_ok=True)
-        os.close(fd)
+    process that holds it, instead of deleting or mixing into this one's files (the run folders' lock)."""
+    return hold_lock(
+        output.with_name(output.name + ".lock"),
+        lambda holder: OutputConflict(
+            f"another evaluation (pid {holder}) is writing {output}: wait for it to end or choose another --output"
+        ),
+    )
 
 
 def check_output(eval_args: EvalArguments) -> None:
