@@ -311,24 +311,6 @@ def check_row(row: dict[str, Any]) -> Image.Image:
         raise GeoQADataError(f"GeoQA row id={row.get('id')!r}: {error}") from None
 
 
-def _is_valid(row: dict[str, Any]) -> bool:
-    try:
-        check_row(row)
-    except GeoQADataError as error:
-        logger.warning("skipping %s", error)
-        return False
-    return True
-
-
-def drop_bad_rows(rows: datasets.Dataset) -> tuple[datasets.Dataset, int]:
-    """The rows that pass `check_row` (each skipped one is logged with its reason) and how many were dropped.
-
-    Expects the image column undecoded (`datasets.Image(decode=False)`), so a corrupt image is caught here.
-    """
-    kept = rows.filter(_is_valid, desc="checking GeoQA rows")
-    return kept, len(rows) - len(kept)
-
-
 def prepare(source: str, revision: str | None, output_dir: Path, force: bool, expected_test_rows: int | None) -> dict:
     """Write the seed's two files (`train.parquet`, `test100.parquet`) and a manifest; returns the manifest.
 

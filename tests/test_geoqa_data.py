@@ -19,7 +19,7 @@ from PIL import Image
 
 from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
-from vision_grpo.data.geoqa import GeoQADataError, drop_bad_rows, load_split, prepare
+from vision_grpo.data.geoqa import GeoQADataError, load_split, prepare
 from vision_grpo.data.geoqa_fixture import fixture_rows, write_fixture
 from vision_grpo.data.prompts_and_images import fill_image
 
@@ -202,13 +202,13 @@ def test_skip_bad_rows_skips_and_counts(tmp_path: Path, caplog: pytest.LogCaptur
     rows[1]["choices"] = rows[1]["choices"][:3]
     rows[4]["image"] = {"bytes": b"corrupt", "path": None}
     path = _write(rows, tmp_path / "bad.parquet")
-    raw = load_split(str(path), None, "train").cast_column("image", datasets.Image(decode=False))
-    kept, skipped = drop_bad_rows(raw)
-    assert skipped == 2 and kept["id"] == [rows[i]["id"] for i in (0, 2, 3, 5)]
     with caplog.at_level(logging.WARNING):
         dataset = get_dataset(task(path, skip_bad_rows=True), "train", MAX_PIXELS)
     assert dataset["id"] == [str(rows[i]["id"]) for i in (0, 2, 3, 5)]
-    assert "skipped 2 invalid row(s) of 6" in caplog.text and f"id={rows[1]['id']}" in caplog.text
+    assert "skipped 2 invalid row(s) of 6" in caplog.text
+    # Each skipped row is named with its reason by the checking pass.
+    assert f"skipping GeoQA row id={rows[1]['id']!r}: expected 4 choices, got 3" in caplog.text
+    assert f"skipping GeoQA row id={rows[4]['id']!r}: image does not decode" in caplog.text
 
 
 def test_prepare_writes_the_seeds_files_and_refuses_to_overwrite(
