@@ -1,10 +1,17 @@
-"""How the data path scales with the number of rows: a synthetic VQA set of our own making (JPEG, one image column),
-prepared by `get_dataset` in a fresh process per start; prints per size the seconds of the first start (the checking
-pass) and of the second (the cache read), rows/s of the pass, peak RSS of the process, and the cache's disk use.
+"""How the data path scales with the number of rows: a synthetic VQA set of our own making (JPEG or PNG, one image
+or a list of images per row) prepared by `get_dataset` in a fresh process per start, and optionally a short
+`recipes/train.py` run on it.
 
-    python benchmarks/data_scale.py [--rows 1000 4000] [--width 640 --height 480] [--format JPEG]
+    python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
+        [--train-steps 2] [--scratch DIR] [--json FILE] [--quick]
 
-Not yet here (docs/datasets.md says so): PNG and list-of-images columns, a 2-step training run, the evaluator.
+Printed per size: seconds of the first start (the checking pass, including `datasets`' own conversion of the
+parquet file to its Arrow cache) and of the second (the cache read), rows/s of the pass, the process's peak RSS split
+into its anonymous part (memory the process owns) and its file-backed part (pages of memory-mapped files it read,
+which the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with
+`--train-steps`, the training process's peak RSS and seconds from its start to its first step, first and second
+start. `--scratch` keeps the generated sources there (reused by a later call with the same settings); by default
+they live in a temporary folder that is removed.
 """
 
 from __future__ import annotations
@@ -13,64 +20,176 @@ import argparse
 import io
 import json
 import random
-import subprocess
+import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import datasets
+from common import REPO, check, machine, markdown_table, read_step_log, report, run_measured
 from PIL import Image, ImageDraw
 
 MAX_PIXELS = 1003520
+RECIPE = REPO / "recipes" / "vqa" / "tiny_clevr_count.yaml"
+# The child: one `get_dataset` start, its time and its memory (read from /proc every 20 ms by a thread, since the
+# peak of each part falls somewhere inside the pass).
 CHILD = """
-import json, resource, sys, time
+import json, sys, threading, time
+from pathlib import Path
+
+def status():
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmHWM", "RssAnon", "RssFile")}
+
+peaks = dict.fromkeys(("RssAnon", "RssFile"), 0.0)
+def sample():
+    while True:
+        now = status()
+        for key in peaks:
+            peaks[key] = max(peaks[key], now[key])
+        time.sleep(0.02)
+
 from trl import GRPOConfig, ModelConfig
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[2:])[0]
-started = time.perf_counter()
-rows = get_dataset(args, "train", int(sys.argv[1]))
-rows[len(rows) - 1]  # one row read: decoded at access
-seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[3:])[0]
+threading.Thread(target=sample, daemon=True).start()
+for _ in range(int(sys.argv[2])):
+    before = status()
+    started = time.perf_counter()
+    rows = get_dataset(args, "train", int(sys.argv[1]))
+    rows[len(rows) - 1]  # one row read: decoded at access
+    seconds = time.perf_counter() - started
+    after = status()
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": after["VmHWM"], "imports_rss_mib": before["VmHWM"],
+                      "peak_anon_mib": peaks["RssAnon"], "peak_file_mib": peaks["RssFile"]}))
 """
 
 
-def write_source(folder: Path, rows: int, width: int, height: int, kind: str) -> Path:
-    """`rows` distinct drawn images (coloured boxes on a gradient), a counting question, a numeric answer."""
+def source_name(rows: int, width: int, height: int, kind: str, images: int) -> str:
+    return f"{kind.lower()}-{width}x{height}-{images}img-{rows}rows"
+
+
+def write_source(folder: Path, rows: int, width: int, height: int, kind: str, images: int) -> Path:
+    """`folder/train.parquet`: `rows` rows of `images` distinct drawn images each (coloured boxes on a gradient), a
+    counting question and its numeric answer. Kept if it is already there."""
+    if (folder / "train.parquet").is_file():
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     base = Image.linear_gradient("L").resize((width, height)).convert("RGB")
+
+    def draw(rng: random.Random) -> tuple[bytes, int]:
+        image = base.copy()
+        pen = ImageDraw.Draw(image)
+        count = rng.randint(1, 6)
+        for _ in range(count):
+            x, y = rng.randrange(width - 40), rng.randrange(height - 40)
+            pen.rectangle([x, y, x + 30, y + 30], fill=(rng.randrange(256), 40, 200))
+        buffer = io.BytesIO()
+        image.save(buffer, format=kind, **({"quality": 90} if kind == "JPEG" else {}))
+        return buffer.getvalue(), count
 
     def generate():
         for index in range(rows):
             rng = random.Random(index)
-            image = base.copy()
-            draw = ImageDraw.Draw(image)
-            count = rng.randint(1, 6)
-            for _ in range(count):
-                x, y = rng.randrange(width - 40), rng.randrange(height - 40)
-                draw.rectangle([x, y, x + 30, y + 30], fill=(rng.randrange(256), 40, 200))
-            buffer = io.BytesIO()
-            image.save(buffer, format=kind, quality=90) if kind == "JPEG" else image.save(buffer, format=kind)
-            yield {"id": str(index), "image": {"bytes": buffer.getvalue()}, "question": "How many boxes?",
-                   "answer": str(count)}  # fmt: skip
+            drawn = [draw(rng) for _ in range(images)]
+            encoded = [{"bytes": data} for data, _ in drawn]
+            yield {"id": str(index), "image": encoded if images > 1 else encoded[0],
+                   "question": "How many boxes?", "answer": str(sum(count for _, count in drawn))}  # fmt: skip
 
+    image = datasets.List(datasets.Image()) if images > 1 else datasets.Image()
     features = datasets.Features(
-        {"id": datasets.Value("string"), "image": datasets.Image(), "question": datasets.Value("string"),
+        {"id": datasets.Value("string"), "image": image, "question": datasets.Value("string"),
          "answer": datasets.Value("string")}
     )  # fmt: skip
-    datasets.Dataset.from_generator(generate, features=features).to_parquet(str(folder / "train.parquet"))
+    building = folder / "building"  # `from_generator`'s own Arrow cache, removed once the parquet file is written
+    rows_written = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(building))
+    rows_written.to_parquet(str(folder / "train.partial"))
+    (folder / "train.partial").replace(folder / "train.parquet")
+    shutil.rmtree(building)
     return folder
 
 
-def start(folder: Path, hf_home: Path) -> dict:
-    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_answer_type", "number", "--use_cpu", "true"]
-    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(MAX_PIXELS), *argv], capture_output=True, text=True, check=True,
-        env={**__import__("os").environ, **env},
-    )  # fmt: skip
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def recipe_keys(folder: Path) -> list[str]:
+    """The tiny CLEVR-count recipe's keys pointed at a synthetic source."""
+    return ["--dataset_name", str(folder), "--vqa_image_column", "image", "--vqa_image_folder", "null",
+            "--vqa_id_column", "id", "--vqa_answer_type", "number"]  # fmt: skip
+
+
+def starts(folder: Path, cache: Path, count: int) -> list[dict[str, Any]]:
+    """`count` starts of `get_dataset` in one fresh process: the first runs the pass, the next read its cache."""
+    argv = ["--config", str(RECIPE), *recipe_keys(folder)]
+    env = {"HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    done = check(run_measured(["-c", CHILD, str(MAX_PIXELS), str(count), *argv], env=env), "get_dataset")
+    return [json.loads(line) for line in done.output.strip().splitlines()[-count:]]
+
+
+def train(folder: Path, cache: Path, steps: int, run_dir: Path) -> dict[str, float]:
+    """A `steps`-step run of `recipes/train.py` on the source: its peak RSS and seconds from start to first step
+    (model load included)."""
+    argv = ["recipes/train.py", "--config", str(RECIPE), *recipe_keys(folder), "--max_steps", str(steps),
+            "--output_dir", str(run_dir), "--save_strategy", "no"]  # fmt: skip
+    env = {"HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    done = check(run_measured(argv, timeout=3600, env=env), "recipes/train.py")
+    return {
+        "peak_rss_mib": done.peak_rss_mib,
+        "to_first_step_s": read_step_log(run_dir).first_step_start() - done.started,
+    }
+
+
+def disk_mb(folder: Path, pattern: str = "*.arrow") -> float:
+    return sum(p.stat().st_size for p in folder.rglob(pattern)) / 1e6 if folder.is_dir() else 0.0
+
+
+def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any]:
+    name = source_name(rows, args.width, args.height, args.format, args.images)
+    folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images)
+    cache = scratch / f"cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)  # a first start finds nothing
+    # A second start is a fresh process, as a user's is; `--quick` saves the second import of the libraries.
+    first, second = (
+        starts(folder, cache, 2) if args.quick else (starts(folder, cache, 1)[0], starts(folder, cache, 1)[0])
+    )
+    figures = {
+        "rows": rows,
+        "source_mb": (folder / "train.parquet").stat().st_size / 1e6,
+        "first": first,
+        "second": second,
+        "pass_rows_per_s": rows / first["seconds"],
+        "rows_cache_mb": disk_mb(cache / "vision_grpo_rows"),
+        "source_arrow_mb": disk_mb(cache) - disk_mb(cache / "vision_grpo_rows"),
+    }
+    if args.train_steps:
+        shutil.rmtree(cache)
+        runs = scratch / f"runs-{name}"
+        shutil.rmtree(runs, ignore_errors=True)
+        figures["train"] = [train(folder, cache, args.train_steps, runs / order) for order in ("first", "second")]
+    shutil.rmtree(cache, ignore_errors=True)
+    return figures
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    header = ["rows", "source MB", "first start s", "pass rows/s", "second start s",
+              "peak RSS MiB 1st (anon + file) / 2nd", "rows cache MB", "source Arrow MB"]  # fmt: skip
+    lines = []
+    for r in results:
+        first, second = r["first"], r["second"]
+        rss = f"{first['peak_rss_mib']:.0f} ({first['peak_anon_mib']:.0f} + {first['peak_file_mib']:.0f}) / "
+        lines.append([r["rows"], f"{r['source_mb']:.0f}", f"{first['seconds']:.1f}", f"{r['pass_rows_per_s']:.0f}",
+                      f"{second['seconds']:.1f}", rss + f"{second['peak_rss_mib']:.0f}", f"{r['rows_cache_mb']:.1f}",
+                      f"{r['source_arrow_mb']:.0f}"])  # fmt: skip
+    text = markdown_table(header, lines)
+    trained = [r for r in results if "train" in r]
+    if trained:
+        header = ["rows", "train peak RSS MiB (1st / 2nd)", "start to first step s (1st / 2nd)"]
+        lines = [
+            [r["rows"], " / ".join(f"{t['peak_rss_mib']:.0f}" for t in r["train"]),
+             " / ".join(f"{t['to_first_step_s']:.1f}" for t in r["train"])]
+            for r in trained
+        ]  # fmt: skip
+        text += "\n\n" + markdown_table(header, lines)
+    return text
 
 
 def main() -> None:
@@ -79,22 +198,26 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--format", default="JPEG", choices=["JPEG", "PNG"])
+    parser.add_argument("--images", type=int, default=1, help="images per row (2 or more: a list-of-images column)")
+    parser.add_argument("--train-steps", type=int, default=0, help="also time recipes/train.py runs")
+    parser.add_argument("--scratch", help="folder that keeps the generated sources (default: a temporary one)")
+    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument(
+        "--quick", action="store_true", help="run_all's smoke run: small images, both starts in one process"
+    )
     args = parser.parse_args()
-    print("| rows | source MB | first start s | pass rows/s | second start s | peak RSS MiB (1st / 2nd) | cache MB |")
-    print("|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as scratch:
+    if args.quick:
+        args.rows, args.width, args.height, args.train_steps = [64], 64, 48, 0
+    with tempfile.TemporaryDirectory(prefix="data-scale-") as temporary:
+        scratch = Path(args.scratch or temporary)
+        results = []
         for rows in args.rows:
-            folder = write_source(Path(scratch) / f"rows{rows}", rows, args.width, args.height, args.format)
-            hf_home = Path(scratch) / f"hf{rows}"
-            first, second = start(folder, hf_home), start(folder, hf_home)
-            cache = sum(p.stat().st_size for p in (hf_home / "datasets" / "vision_grpo_rows").rglob("*.arrow"))
-            source_mb = (folder / "train.parquet").stat().st_size / 1e6
-            print(
-                f"| {rows} | {source_mb:.0f} | {first['seconds']:.1f} | {rows / first['seconds']:.0f} | "
-                f"{second['seconds']:.1f} | {first['peak_rss_mib']:.0f} / {second['peak_rss_mib']:.0f} | "
-                f"{cache / 1e6:.1f} |",
-                flush=True,
-            )
+            results.append(measure(args, scratch, rows))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    described = f"{args.format} {args.width}x{args.height}, {args.images} image(s) per row"
+    print(f"data_scale: {described}, max_pixels {MAX_PIXELS}; {machine()}")
+    print(table(results), flush=True)
+    report("data_scale", {"setting": described, "sizes": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 # Cheapest first, so a broken set-up fails in seconds.
 BENCHMARKS = (
     "data_pipeline",
+    "data_scale",
     "startup",
     "eval_throughput",
     "train_overhead",
@@ -85,12 +86,21 @@ def summary(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
         ["peak RSS, tiny recipe training", f"{recipe_row['peak_rss_mib']:.0f} MiB", "-"],
         ["peak RSS, evaluator", f"{scaling['evaluator']['peak_rss_mib']:.0f} MiB", "-"],
         ["dataset preparation, tiny recipe / demo recipe", _prep(data), "small next to a run"],
+        *[
+            [f"VQA rows: first / second start, {size['rows']} rows (data_scale.py)", _starts(size), "second <= 15 s"]
+            for size in results["data_scale"]["sizes"]
+        ],
     ]
 
 
 def _prep(data: dict[str, Any]) -> str:
     seconds = data["preparation_s"]
     return f"{seconds['tiny recipe']:.1f} s / {seconds['demo recipe']:.1f} s"
+
+
+def _starts(size: dict[str, Any]) -> str:
+    first, second = size["first"], size["second"]
+    return f"{first['seconds']:.1f} s, {first['peak_rss_mib']:.0f} MiB / {second['seconds']:.1f} s"
 
 
 def main() -> None:
