@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 import pytest
@@ -10,6 +12,7 @@ from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.eval.evaluate import EvalArguments
+from vision_grpo.launched import errors_named_first
 
 GRPO_CLASSES = (TaskArguments, GRPOConfig, ModelConfig)
 RECIPE = "recipes/shapes/tiny_cpu.yaml"
@@ -90,3 +93,45 @@ def test_dashed_and_negated_flags_still_parse() -> None:
 def test_config_without_a_file_fails_clearly() -> None:
     with pytest.raises(RecipeError, match="`--config` needs a recipe file"):
         parse_recipe(GRPO_CLASSES, ["--config"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Under a launcher: the first line names the problem.
+
+
+def test_under_a_launcher_a_failed_check_is_one_line_first_and_the_root_cause(tmp_path, monkeypatch, capsys) -> None:
+    report = tmp_path / "error.json"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(report))
+    with pytest.raises(SystemExit) as stopped, errors_named_first():
+        parse_recipe(GRPO_CLASSES, ["--config", RECIPE, "--learning_rat", "1e-3"])
+    assert stopped.value.code == 1
+    message = "RecipeError: command line: unknown flag `--learning_rat`; did you mean `--learning_rate`?"
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert json.loads(report.read_text())["message"] == message  # torch's report shows it as the root cause
+    with pytest.raises(KeyError), errors_named_first():  # not a check of ours: its traceback is kept
+        {}["missing"]
+    assert capsys.readouterr().err == "error: KeyError: 'missing'\n"
+
+
+def test_without_a_launcher_errors_are_unchanged(monkeypatch) -> None:
+    for key in [k for k in os.environ if k == "LOCAL_RANK" or k.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(key)
+    with pytest.raises(RecipeError), errors_named_first():
+        parse_recipe(GRPO_CLASSES, ["--config", RECIPE, "--learning_rat", "1e-3"])
+
+
+@pytest.mark.slow
+def test_a_flag_typo_under_accelerate_launch_is_named_by_the_first_line(tmp_path) -> None:
+    """The README's two-process command with a typo: before, 70 lines began with a worker's traceback and ended with
+    torch's ChildFailedError block, whose root cause said only "To enable traceback see: …"."""
+    launch = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml", "recipes/train.py"]
+    args = ["--config", RECIPE, "--learning_rat", "1e-3", "--output_dir", str(tmp_path)]
+    failed = run_script([*launch, *args], timeout=300, check=False)
+    message = "RecipeError: command line: unknown flag `--learning_rat`; did you mean `--learning_rate`?"
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines()[0] == f"error: {message}"
+    root_cause = failed.stderr.split("Root Cause (first observed failure):")[1]
+    assert f"traceback : {message}" in root_cause
+    assert failed.stderr.count("Traceback (most recent call last)") == 1  # the launcher's; no worker's
+    assert not any(tmp_path.iterdir())

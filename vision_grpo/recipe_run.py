@@ -39,7 +39,6 @@ from vision_grpo.runs import (
     write_run_end,
     write_run_start,
 )
-from vision_grpo.stopping import stop_with_launcher
 from vision_grpo.threads import configure_threads
 
 logger = logging.getLogger(__name__)
@@ -87,7 +86,6 @@ class RecipeRun:
         configs = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
         task_args, training_args, model_args = configs
         configure_threads()
-        stop_with_launcher()
         recipe_path = recipe_path_of(argv)
         output_dir = Path(training_args.output_dir)
         run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")

@@ -1,19 +1,14 @@
-"""A graceful stop on SIGINT/SIGTERM for every entry point's trainer, agreed by all ranks at a step boundary, and
-the stop reaching the workers however they were launched.
+"""A graceful stop on SIGINT/SIGTERM for every entry point's trainer, agreed by all ranks at a step boundary.
 
 Launchers differ: torchrun's agent (`accelerate launch` with a multi-process config) sends the signal it gets on to
-its workers and waits for them; accelerate's plain launcher (`accelerate launch` of one process, e.g.
-`accelerate_configs/single_gpu.yaml`) forwards nothing, and dies of a SIGTERM at once, leaving its worker running.
-`stop_with_launcher` asks Linux to send each worker SIGTERM when its launcher dies, so that worker stops too.
+its workers and waits for them; accelerate's plain launcher forwards nothing and dies of a SIGTERM at once, and
+`vision_grpo.launched` then sends the worker SIGTERM (the entry points import it first).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,25 +19,6 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-
-
-def stop_with_launcher() -> None:
-    """Receive SIGTERM when the launching process dies (Linux; elsewhere nothing): under accelerate's plain launcher
-    a SIGTERM or SIGINT that ends the launcher then still reaches this worker, which saves and stops."""
-    if not sys.platform.startswith("linux") or not _launched():
-        return
-    launcher = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != launcher:  # the launcher died before the request was made: nothing would tell us
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _launched() -> bool:
-    """Whether a launcher started this process: torchrun sets LOCAL_RANK, accelerate's plain launcher ACCELERATE_*."""
-    return "LOCAL_RANK" in os.environ or any(key.startswith("ACCELERATE_") for key in os.environ)
-
-
 # The reward call running now, if any: (name, start time). A stop signal that arrives during one ends it at once.
 _in_reward: list[tuple[str, float]] = []
 _lock = threading.Lock()

@@ -1,0 +1,129 @@
+"""A stop signal sent to `accelerate launch`, as a scheduler sends it, stops every worker of the run.
+
+accelerate's plain launcher (`accelerate launch --num_processes 2 --cpu recipes/train.py …`) forwards no signal and
+dies of a SIGTERM at once; its worker must stop too (vision_grpo/launched.py), not run on as an orphan writing into
+the run folder. Started in a session of their own, so that a failing test still kills every process it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO
+
+from vision_grpo.recipe_run import TRAINER_STATE, resume_checkpoint
+
+PLAIN_LAUNCHER = ["--num_processes", "2", "--cpu"]  # the issue's form: accelerate's plain launcher, one worker
+STEP_PROBE = '''
+import json
+import os
+
+from vision_grpo.rewards import reward
+
+
+@reward()
+def step_probe(completions, trainer_state, **kwargs):
+    """Test only: log which step this process is scoring."""
+    with open(os.environ["STEP_LOG"], "a", encoding="utf-8") as log:
+        log.write(json.dumps({"step": trainer_state.global_step, "pid": os.getpid()}) + "\\n")
+    return [0.0] * len(completions)
+'''
+
+
+def launch(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    """`accelerate launch --num_processes 2 --cpu recipes/train.py` on the tiny recipe, a few tiny steps."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "step_probe.py").write_text(STEP_PROBE)
+    args = [
+        *("--config", "recipes/shapes/tiny_cpu.yaml", "--output_dir", str(tmp_path / "runs"), "--run_name", "a"),
+        *("--shapes_train_size", "8", "--max_completion_length", "8", "--token_check_samples", "1"),
+        *("--reward_funcs", "step_probe", "--reward_weights", "1.0", "--reward_dirs", str(plugins)),
+        *("--report_to", "none", "--save_strategy", "no", *overrides),
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", *PLAIN_LAUNCHER, "recipes/train.py", *args],
+        cwd=REPO,
+        env={**os.environ, "STEP_LOG": str(tmp_path / "steps.jsonl")},
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr.txt").open("w"),  # not a pipe, which a chatty orphan could fill and block on
+        start_new_session=True,
+    )
+
+
+def wait_for(condition, launcher: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if launcher.poll() is not None:
+            raise AssertionError(f"the run ended before {what} ({launcher.returncode}); see its stderr.txt")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.1)
+
+
+def stop_all(launcher: subprocess.Popen) -> None:
+    """Kill whatever the test started and is still running (the session's processes)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def gone_within(processes: list[psutil.Process], seconds: float) -> bool:
+    _, alive = psutil.wait_procs(processes, timeout=seconds)
+    return not alive
+
+
+def importing_torch(worker: psutil.Process) -> bool:
+    """Whether the worker has begun loading torch (the imports that take seconds, after vision_grpo.launched)."""
+    try:
+        return any("libtorch" in Path(m.path).name for m in worker.memory_maps(grouped=True))
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_while_its_worker_imports_stops_the_worker(tmp_path: Path) -> None:
+    """SIGTERM to the launcher during the worker's imports (seconds of torch and TRL; before: the worker had not yet
+    asked for its launcher's death signal, and trained all its steps as an orphan)."""
+    launcher = launch(tmp_path, "--max_steps", "200")
+    try:
+        wait_for(lambda: psutil.Process(launcher.pid).children(), launcher, "the worker started")
+        (worker,) = psutil.Process(launcher.pid).children()
+        wait_for(lambda: importing_torch(worker), launcher, "the worker began importing torch")
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=30)
+        assert gone_within([worker], 30), "the worker runs on after its launcher died"
+        assert not (tmp_path / "steps.jsonl").exists(), "the orphan trained"
+    finally:
+        stop_all(launcher)
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_during_training_leaves_a_checkpoint_to_resume(tmp_path: Path) -> None:
+    """SIGTERM to the launcher once training runs: the worker finishes its step, saves a checkpoint and ends, and
+    `--resume_from_checkpoint last` continues from it."""
+    launcher = launch(tmp_path, "--max_steps", "200")
+    log = tmp_path / "steps.jsonl"
+    try:
+        wait_for(lambda: log.exists() and log.read_text().count("\n") >= 1, launcher, "the first step")
+        (worker,) = psutil.Process(launcher.pid).children()
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=30)
+        assert gone_within([worker], 120), "the worker runs on after its launcher died"
+    finally:
+        stop_all(launcher)
+    run_dir = tmp_path / "runs" / "a"
+    checkpoint = Path(resume_checkpoint("last", run_dir))
+    stopped_at = json.loads((checkpoint / TRAINER_STATE).read_text())["global_step"]
+    assert checkpoint.name == f"checkpoint-{stopped_at}" and 1 <= stopped_at < 200
+    scored = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert max(scored) == stopped_at - 1, "steps went on after the checkpoint"
+    assert json.loads((run_dir / "manifest.json").read_text())["ended"] is not None
