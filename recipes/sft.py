@@ -8,6 +8,9 @@ answer forms gives it something to improve. Same data, prompts and image normali
 
 from __future__ import annotations
 
+import vision_grpo.launched  # first: a launcher killed while the imports below run stops this worker too
+
+# isort: split
 import logging
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ from pathlib import Path
 from trl import SFTConfig, SFTTrainer
 
 from vision_grpo.data import get_dataset, with_sft_completions
+from vision_grpo.lora_targets import check_lora_targets
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.recipe_run import RecipeRun
 from vision_grpo.stopping import GracefulStop
@@ -33,6 +37,8 @@ def train(run: RecipeRun) -> Path:
 
     processor = get_processor(model_args, task_args, training_args.trust_remote_code)
     model = load_model(model_args, training_args.trust_remote_code)
+    peft_config = get_peft_config(model_args, task_args)
+    check_lora_targets(model, peft_config)  # each entry names a layer the model has (peft checks only all at once)
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
@@ -55,7 +61,7 @@ def train(run: RecipeRun) -> Path:
         args=training_args,
         train_dataset=train_dataset,
         processing_class=processor,
-        peft_config=get_peft_config(model_args, task_args),
+        peft_config=peft_config,
         callbacks=[GracefulStop()],
     )
     return run.train_and_save(trainer, processor)
@@ -63,4 +69,5 @@ def train(run: RecipeRun) -> Path:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    main()
+    with vision_grpo.launched.errors_named_first():
+        main()

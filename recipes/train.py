@@ -7,6 +7,9 @@ Stages: parse the recipe -> processor -> rewards -> model -> dataset -> TRL's GR
 
 from __future__ import annotations
 
+import vision_grpo.launched  # first: a launcher killed while the imports below run stops this worker too
+
+# isort: split
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from trl import GRPOConfig
 from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.data import get_dataset
 from vision_grpo.logprob_guard import LogprobGapGuard
+from vision_grpo.lora_targets import check_lora_targets
 from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
 from vision_grpo.plan import check_before_training
 from vision_grpo.recipe_run import RecipeRun
@@ -43,6 +47,8 @@ def train(run: RecipeRun) -> Path:
     # a reward name fails in seconds, not after a multi-GB model load.
     reward_funcs = get_recipe_rewards(task_args, processor.tokenizer)
     model = load_model(model_args, training_args.trust_remote_code)
+    peft_config = get_peft_config(model_args, task_args)
+    check_lora_targets(model, peft_config)  # each entry names a layer the model has (peft checks only all at once)
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
@@ -64,7 +70,7 @@ def train(run: RecipeRun) -> Path:
         args=training_args,
         train_dataset=train_dataset,
         processing_class=processor,
-        peft_config=get_peft_config(model_args, task_args),
+        peft_config=peft_config,
         callbacks=[
             GracefulStop(),
             TensorBoardHParams(run.run_dir, recipe_hparams(task_args, training_args, model_args)),
@@ -79,4 +85,5 @@ def train(run: RecipeRun) -> Path:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    main()
+    with vision_grpo.launched.errors_named_first():
+        main()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from conftest import FAMILY_MODELS
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, check_recipe_keys, parse_recipe
+from vision_grpo.lora_targets import check_lora_targets
+from vision_grpo.modeling import get_peft_config, load_model
 from vision_grpo.rewards import get_reward_funcs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,3 +111,28 @@ def test_invalid_task_values_fail(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, shapes_layout="scattered")
     with pytest.raises(RecipeError, match="shapes_layout"):
         parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+
+
+@pytest.mark.parametrize("family", FAMILY_MODELS)
+def test_a_lora_target_that_names_no_module_is_refused_listing_the_layers(family: str) -> None:
+    """Before: peft's "No modules were targeted for adaptation", naming nothing, after the trainer was set up; and
+    with one good entry beside the typo, a silent run with fewer adapted layers."""
+    model_args = ModelConfig(model_name_or_path=family, use_peft=True, dtype="float32")
+    model = load_model(model_args, trust_remote_code=False)
+    task_args = SimpleNamespace(lora_on_vision=False)
+    for targets in (["q_projj"], ["q_proj", "q_projj"]):
+        model_args.lora_target_modules = targets
+        with pytest.raises(
+            RecipeError, match=r"lora_target_modules: `q_projj` names no module .*did you mean `q_proj`"
+        ):
+            check_lora_targets(model, get_peft_config(model_args, task_args))
+    with pytest.raises(RecipeError) as refused:
+        model_args.lora_target_modules = ["attn.qkv"]  # the vision tower's attention, left alone by default
+        check_lora_targets(model, get_peft_config(model_args, task_args))
+    assert "only in the vision tower, which LoRA leaves alone unless `lora_on_vision: true`" in str(refused.value)
+    listed = str(refused.value).split("linear layers are ")[1]
+    assert all(name in listed for name in ("'q_proj'", "'down_proj'")) and "'qkv'" not in listed
+    model_args.lora_target_modules = ["q_proj", "v_proj"]
+    check_lora_targets(model, get_peft_config(model_args, task_args))  # names that exist pass
+    model_args.lora_target_modules = None
+    check_lora_targets(model, get_peft_config(model_args, task_args))  # all-linear
