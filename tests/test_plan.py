@@ -58,6 +58,46 @@ def test_layer_formula_matches_what_autograd_keeps_on_the_tiny_replica(tiny_mode
     assert 0.9 < kept["layer 1"] / planned < 1.1, (kept, planned)
 
 
+@pytest.mark.parametrize("layer_type", ["linear_attention", "full_attention"])
+def test_qwen3_5_layer_formula_matches_what_autograd_keeps(layer_type: str) -> None:
+    """Qwen3.5's shipped config at 1/8 of its width, two layers of one type, real tensors under bf16 autocast, LoRA on
+    every linear: the second layer's saved tensors (still alive at the end of the forward) within 20% of the
+    formula. The Gated DeltaNet term counted on the meta device without autocast was 34% high."""
+    from peft import LoraConfig, get_peft_model
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(plan_module.SHIPPED_CONFIGS / "Qwen--Qwen3.5-4B.json")
+    text = config.get_text_config()
+    text.num_hidden_layers, text.layer_types, text.vocab_size = 2, [layer_type] * 2, 512
+    text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads = 320, 1152, 4, 1
+    text.linear_num_key_heads, text.linear_num_value_heads = 2, 4
+    config.vision_config.depth = 1
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", exclude_modules=r".*visual.*"))
+    language_model = model.base_model.model.model.language_model
+    current = ["other"]
+    language_model.layers[1].register_forward_pre_hook(lambda m, a: current.__setitem__(0, "layer 1"))
+    language_model.norm.register_forward_pre_hook(lambda m, a: current.__setitem__(0, "other"))
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved: dict[int, tuple[str, StorageWeakRef, int]] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in params:
+            saved[storage._cdata] = (current[0], StorageWeakRef(storage), storage.nbytes())
+        return tensor
+
+    tokens = 128
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        output = language_model(input_ids=torch.randint(0, 500, (1, tokens)), use_cache=False)
+    kept = sum(size for label, ref, size in saved.values() if label == "layer 1" and not ref.expired())
+    del output
+    planned = mf.text_layer_bytes_per_token(mf.shape_of(config), layer_type, 8, first=False) * tokens
+    assert 0.8 < kept / planned < 1.2, (kept, planned)
+
+
 def _recipe(path: str, *overrides: str):
     from trl import GRPOConfig, ModelConfig
 

@@ -121,8 +121,13 @@ def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: in
 @functools.cache
 def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> float:
     """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward,
-    counted by running transformers' own module on the meta device: the torch fallback that runs without the
-    flash-linear-attention kernels keeps many float32 per-chunk tensors, too many terms to restate here."""
+    counted by running transformers' own module on fake tensors (shapes and dtypes only, no data) under bf16
+    autocast, as training runs it: the torch fallback that runs without the flash-linear-attention kernels keeps
+    many per-chunk tensors, too many terms to restate here. Autocast matters: its matmuls then keep bf16 copies of
+    their float32 operands, and the meta device (which autocast does not reach) would count float32 ones instead.
+    The frozen weights are left out (they are the weights part of the plan)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.multiprocessing.reductions import StorageWeakRef
     from transformers import AutoConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
@@ -136,21 +141,29 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
         linear_conv_kernel_dim=shape.linear_conv_kernel,
     )
     with torch.device("meta"):
-        mixer = Qwen3_5GatedDeltaNet(config, 0).to(torch.bfloat16).requires_grad_(False)
-        hidden = torch.empty(1, tokens, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
-    seen: set[int] = set()
-    total = 0
+        mixer = Qwen3_5GatedDeltaNet(config, 0)
+    with FakeTensorMode():
+        for module in mixer.modules():
+            for name, parameter in module.named_parameters(recurse=False):
+                fake = torch.empty(parameter.shape, dtype=torch.bfloat16, device="cpu")
+                setattr(module, name, torch.nn.Parameter(fake, requires_grad=False))
+        weights = {p.untyped_storage()._cdata for p in mixer.parameters()}
+        hidden = torch.empty(1, tokens, shape.hidden, dtype=torch.bfloat16, device="cpu", requires_grad=True)
+        saved: dict[int, tuple[StorageWeakRef, int]] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        storage = tensor.untyped_storage()
-        if storage._cdata not in seen:
-            seen.add(storage._cdata)
-            total += storage.nbytes()
-        return tensor
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage._cdata not in weights:  # a storage freed during the forward may be reused: keep the last
+                saved[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+            return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        mixer(hidden)
+        with (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+            torch.autocast("cpu", dtype=torch.bfloat16),
+        ):
+            output = mixer(hidden)  # holds the graph, so what backward needs is alive below
+        total = sum(size for ref, size in saved.values() if not ref.expired())
+        del output
     return total / tokens
 
 

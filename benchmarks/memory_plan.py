@@ -1,0 +1,460 @@
+"""The memory plan's formulas (vision_grpo/memory_formulas.py) against what the code keeps, per part, on CPU.
+
+    python benchmarks/memory_plan.py [--quick] [--json FILE]
+
+Each family's shipped config (vision_grpo/model_configs/) at its real hidden size, heads, vocabulary and vision
+width, with 1 or 2 decoder layers (and vision blocks), LoRA r=32 as the GeoQA recipes, bf16 autocast as training.
+The models run on fake tensors (torch's FakeTensorMode): every op of transformers, PEFT and TRL runs with its real
+shapes, dtypes and CPU autocast rules but no data, so real sizes (a 248k vocabulary, thousands of tokens) cost
+seconds on a CPU whose bfloat16 matmuls are far too slow for them. Measured per part:
+- kept for backward: each storage autograd saves (saved-tensor hooks), once, weights left out, attributed to a
+  decoder layer, the vision tower or the LM head by module hooks; the slope between 1 and 2 layers is the
+  per-layer cost the plan multiplies by the layer count;
+- peaks: the bytes of live storages (a dispatch mode that sees every allocation and every free) over the LM head's
+  forward and backward, and over the generation prefill;
+- the generation cache: the bytes of the cache after a prefill and decoding steps.
+One check runs the same decoder-layer count on real tensors at a small size: fake and real must agree exactly,
+which is what makes the fake counts measurements. `--quick` runs smaller sizes, the vision tower of one family
+and one narrow real-tensor check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import markdown_table, report
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vision_grpo import memory_formulas as mf  # noqa: E402
+from vision_grpo.modeling import VISION_MODULE_PATTERN  # noqa: E402
+from vision_grpo.plan import SHIPPED_CONFIGS, parameter_counts  # noqa: E402
+
+FAMILIES = {"Qwen2.5-VL-3B": "Qwen--Qwen2.5-VL-3B-Instruct", "Qwen3-VL-4B": "Qwen--Qwen3-VL-4B-Instruct"}
+FAMILIES["Qwen3.5-4B"] = "Qwen--Qwen3.5-4B"
+RANK = 32
+MiB = 2**20
+
+
+def few_layer_config(family: str, layer_types: list[str], vision_depth: int = 1, vocab: int | None = None) -> Any:
+    """The family's real config with the given decoder layers (Qwen3.5 takes their types) and vision blocks."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(SHIPPED_CONFIGS / f"{FAMILIES[family]}.json")
+    text, vision = config.get_text_config(), config.vision_config
+    text.num_hidden_layers = len(layer_types)
+    if getattr(text, "layer_types", None):
+        text.layer_types = layer_types
+    if vocab:
+        text.vocab_size = vocab
+    vision.depth = vision_depth
+    if hasattr(vision, "fullatt_block_indexes"):
+        vision.fullatt_block_indexes = list(range(vision_depth))
+    if getattr(vision, "deepstack_visual_indexes", None):
+        vision.deepstack_visual_indexes = []
+    return config
+
+
+def build(config: Any, mode: FakeTensorMode | None, lora_on_vision: bool = False) -> torch.nn.Module:
+    """The model as the trainer builds it (TRL's fused head, then PEFT LoRA), on fake tensors under `mode` (or on
+    real random ones when `mode` is None)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForImageTextToText
+    from trl.trainer.utils import add_fused_lm_head
+
+    lora = LoraConfig(
+        r=RANK,
+        lora_alpha=RANK,
+        target_modules="all-linear",
+        exclude_modules=None if lora_on_vision else VISION_MODULE_PATTERN,
+    )
+    if mode is None:
+        torch.manual_seed(0)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+        return get_peft_model(model, lora)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    model = get_peft_model(model, lora)
+    with mode:
+        for module in model.modules():
+            for name, value in list(module._parameters.items()):
+                if value is not None:
+                    fake = torch.empty(value.shape, dtype=value.dtype, device="cpu")
+                    module._parameters[name] = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
+            for name, value in list(module._buffers.items()):
+                if value is not None:
+                    module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+    return model
+
+
+class SavedBytes:
+    """Bytes autograd keeps for backward at the end of a forward, by the label of the module that saved them: each
+    storage once, weights left out, and only storages still alive (a branch whose output is dropped frees its
+    saved tensors, and its memory may be reused by a later one)."""
+
+    def __init__(self, model: torch.nn.Module, labelled: dict[str, torch.nn.Module]) -> None:
+        self.weights = {p.untyped_storage()._cdata for p in model.parameters()}
+        self.saved: list[tuple[str, int, StorageWeakRef, int]] = []
+        self.label = "other"
+        for label, module in labelled.items():
+            module.register_forward_pre_hook(lambda m, a, label=label: setattr(self, "label", label))
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in self.weights:
+            self.saved.append((self.label, storage._cdata, StorageWeakRef(storage), storage.nbytes()))
+        return tensor
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+            yield
+
+    @property
+    def by_label(self) -> dict[str, int]:
+        """Call while the forward's output is alive (it holds the graph and so the saved tensors)."""
+        alive: dict[int, tuple[str, int]] = {}
+        for label, key, ref, size in self.saved:
+            if not ref.expired():
+                alive.setdefault(key, (label, size))
+        totals: dict[str, int] = defaultdict(int)
+        for label, size in alive.values():
+            totals[label] += size
+        return totals
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of live tensor storages after every op (allocations seen as outputs, frees as expired storages)."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        super().__init__()
+        self.exclude = exclude  # storages of the weights: their views (a transpose, a slice) allocate nothing
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.sweep()
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                if storage._cdata not in self.live and storage._cdata not in self.exclude:
+                    self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+                    self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+    def sweep(self) -> None:
+        for key, (ref, size) in list(self.live.items()):
+            if ref.expired():
+                del self.live[key]
+                self.current -= size
+
+    def start(self) -> int:
+        """Reset the peak to the bytes live now, and return them (the baseline of a region)."""
+        self.sweep()
+        self.peak = self.current
+        return self.current
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module:
+    return model.base_model.model.model.language_model
+
+
+def layer_rows(family: str, layer_types: list[str], batch: int, length: int) -> list[dict[str, Any]]:
+    """Per decoder layer, kept for backward: plan vs measured (fake tensors), and the whole backbone's total."""
+    config = few_layer_config(family, layer_types)
+    shape = mf.shape_of(config)
+    mode = FakeTensorMode()
+    model = build(config, mode)
+    lm = language_model(model)
+    saved = SavedBytes(model, {f"layer {i}": layer for i, layer in enumerate(lm.layers)} | {"norm": lm.norm})
+    tokens = batch * length
+    with mode, saved.recording(), torch.autocast("cpu", dtype=torch.bfloat16):
+        output = lm(input_ids=torch.zeros(batch, length, dtype=torch.long), use_cache=False)
+    kept = saved.by_label
+    del output
+    rows = []
+    for index, layer_type in enumerate(layer_types):
+        planned = mf.text_layer_bytes_per_token(shape, layer_type, RANK, index == 0) * tokens
+        rows.append({"layer": index, "type": layer_type, "plan": planned, "measured": kept[f"layer {index}"]})
+    lora = parameter_counts(config, RANK, lora_on_vision=False, targets=None)["lora"]
+    rows.append(
+        {
+            "total": True,
+            "plan": sum(r["plan"] for r in rows) + lora * mf.BF16,
+            "measured": sum(v for k, v in kept.items() if k != "norm"),
+        }
+    )
+    return rows
+
+
+def real_check(family: str, layer_type: str, length: int, narrow: bool) -> dict[str, int]:
+    """The same one-layer count on fake and on real random tensors (real width, or 1/8 of it when `narrow`)."""
+    config = few_layer_config(family, [layer_type], vocab=1024)
+    if narrow:
+        text = config.get_text_config()
+        for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+            setattr(text, key, max(1, getattr(text, key) // 8))
+        if getattr(text, "linear_num_key_heads", None):
+            text.linear_num_key_heads, text.linear_num_value_heads = 2, 4
+    counts = {}
+    for name, mode in (("fake", FakeTensorMode()), ("real", None)):
+        model = build(config, mode)
+        lm = language_model(model)
+        saved = SavedBytes(model, {"layer": lm.layers[0], "norm": lm.norm})
+        context = mode if mode is not None else contextlib.nullcontext()
+        with context, saved.recording(), torch.autocast("cpu", dtype=torch.bfloat16):
+            output = lm(input_ids=torch.zeros(1, length, dtype=torch.long), use_cache=False)
+        counts[name] = saved.by_label["layer"]
+        del output
+    return counts
+
+
+def head_rows(family: str, tokens: int) -> dict[str, float]:
+    """TRL's fused LM head (the trainer's kernel, chunk and outputs) over `tokens` scored positions: kept for
+    backward and the peak over its forward and backward, plan vs measured."""
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    shape = mf.shape_of(few_layer_config(family, ["full_attention"]))
+    mode, saved = FakeTensorMode(), SavedBytes(torch.nn.Module(), {})
+    with mode:
+        weight = torch.empty(shape.vocab, shape.hidden, dtype=torch.bfloat16)
+        saved.weights.add(weight.untyped_storage()._cdata)
+        live = LiveBytes(saved.weights)
+        hidden = torch.empty(tokens, shape.hidden, dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.zeros(tokens, dtype=torch.long)
+        with live:
+            baseline = live.start() - tokens * shape.hidden * mf.BF16  # the scored hidden states belong to the head
+            with saved.recording(), torch.autocast("cpu", dtype=torch.bfloat16):
+                log_probs, *_ = ChunkedLogProbFunction.apply(
+                    hidden, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs", "entropy")
+                )
+            kept_measured = saved.by_label["other"]
+            (-log_probs.sum()).backward()
+    kept, transient = mf.head_bytes(shape, tokens, lm_head_trains=False)
+    return {
+        "kept_plan": kept,
+        "kept_measured": kept_measured,
+        "peak_plan": kept + transient,
+        "peak_measured": live.peak - baseline,
+    }
+
+
+def generation_rows(family: str, layer_types: list[str], batch: int, prompt: int, steps: int) -> dict[str, float]:
+    """The cache after a prefill of `prompt` tokens and `steps` decoding steps, and the prefill's peak above the
+    weights, plan vs measured."""
+    config = few_layer_config(family, layer_types)
+    shape = mf.shape_of(config)
+    mode = FakeTensorMode()
+    model = build(config, mode)
+    lm = language_model(model)
+    live = LiveBytes({t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]})
+    # accelerate's bf16 wrapper of the model's forward stays on through TRL's unwrap for generation: autocast
+    with mode, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ids = torch.zeros(batch, prompt, dtype=torch.long)
+        with live:
+            baseline = live.start()
+            cache = lm(input_ids=ids, use_cache=True).past_key_values
+            prefill_peak = live.peak - baseline
+            for _ in range(steps):
+                cache = lm(input_ids=ids[:, :1], past_key_values=cache, use_cache=True).past_key_values
+    stored: dict[int, int] = {}
+    for tensor in tree_leaves([vars(layer) for layer in cache.layers]):  # keys, values; DeltaNet's states
+        if isinstance(tensor, torch.Tensor):
+            stored[tensor.untyped_storage()._cdata] = tensor.untyped_storage().nbytes()
+
+    def planned_cache(length: int) -> float:
+        return batch * (length * mf.kv_cache_bytes_per_token(shape) + mf.linear_state_bytes_per_sequence(shape))
+
+    prefill_plan = planned_cache(prompt) + batch * prompt * 3 * shape.intermediate * mf.BF16
+    return {
+        "cache_plan": planned_cache(prompt + steps),
+        "cache_measured": sum(stored.values()),
+        "prefill_peak_plan": prefill_plan,
+        "prefill_peak_measured": prefill_peak,
+    }
+
+
+def vision_rows(family: str, side: int) -> dict[str, float]:
+    """A vision tower with LoRA (lora_on_vision) on one `side` x `side` image: kept for backward by 2 blocks minus
+    1 block, plan (per-patch terms and autocast's bf16 copy of the block's adapters) vs measured. On real tensors:
+    the vision tower's window and sequence bookkeeping reads values, which fake tensors do not have."""
+    kept, adapters = {}, 0
+    for depth in (1, 2):
+        config = few_layer_config(family, ["full_attention"], vision_depth=depth, vocab=1024)
+        config.get_text_config().intermediate_size = 64  # the language model only takes the merged image tokens
+        shape = mf.shape_of(config)
+        patches, _ = mf.image_tokens(shape, side * side)
+        grid = int(patches**0.5)
+        model = build(config, None, lora_on_vision=True)
+        visual = model.base_model.model.model.visual
+        saved = SavedBytes(model, {"vision": visual})
+        adapters = sum(p.numel() for n, p in visual.blocks[-1].named_parameters() if "lora_" in n)
+        pixel_values = torch.randn(patches, 3 * shape.temporal_patch * shape.patch**2, dtype=torch.bfloat16)
+        with saved.recording(), torch.autocast("cpu", dtype=torch.bfloat16):
+            output = visual(pixel_values, grid_thw=torch.tensor([[1, grid, grid]]))
+        kept[depth] = saved.by_label["vision"]
+        del output
+    block_plan = mf.vision_block_bytes_per_patch(shape, RANK) * patches + adapters * mf.BF16
+    return {"patches": patches, "block_plan": block_plan, "slope_measured": kept[2] - kept[1], "one_block": kept[1]}
+
+
+def ratio(measured: float, planned: float) -> str:
+    return f"{measured / planned:.2f}" if planned else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and a narrow real-tensor check")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    # Full: a GeoQA micro-batch, 8 x (about 300 prompt + 1,024 completion) tokens, and TRL's 64 sequences generated
+    batch, length, gen_batch, steps = (1, 256, 2, 4) if args.quick else (8, 1324, 64, 16)
+    side = 112 if args.quick else 224  # real tensors: bfloat16 matmuls on CPU limit the image
+    figures: dict[str, Any] = {"quick": args.quick, "families": {}}
+    rows: list[list[Any]] = []
+    for family in FAMILIES:
+        types = ["linear_attention"] if family == "Qwen3.5-4B" else ["full_attention"]
+        found: dict[str, Any] = {}
+        print(f"({family}: {time.perf_counter() - start:.0f} s, layer_rows)", file=sys.stderr, flush=True)
+        one, two = layer_rows(family, types, batch, length), layer_rows(family, types * 2, batch, length)
+        found["layers"] = {"1": one, "2": two}
+        slope = two[-1]["measured"] - one[-1]["measured"]
+        for row in two[:-1]:
+            rows.append(
+                [
+                    family,
+                    f"decoder layer {row['layer']} ({row['type']}), kept",
+                    row["plan"] / MiB,
+                    row["measured"] / MiB,
+                    ratio(row["measured"], row["plan"]),
+                ]
+            )
+        if family == "Qwen3.5-4B":
+            mixed = layer_rows(family, ["linear_attention", "full_attention"], batch, length)
+            found["layers"]["linear+full"] = mixed
+            rows.append(
+                [
+                    family,
+                    "decoder layer 1 (full_attention), kept",
+                    mixed[1]["plan"] / MiB,
+                    mixed[1]["measured"] / MiB,
+                    ratio(mixed[1]["measured"], mixed[1]["plan"]),
+                ]
+            )
+        planned_slope = two[-1]["plan"] - one[-1]["plan"]
+        rows.append(
+            [
+                family,
+                "2 layers minus 1 layer (whole backbone)",
+                planned_slope / MiB,
+                slope / MiB,
+                ratio(slope, planned_slope),
+            ]
+        )
+        print(f"({family}: {time.perf_counter() - start:.0f} s, head_rows)", file=sys.stderr, flush=True)
+        head = head_rows(family, batch * (length - 1))
+        found["head"] = head
+        rows.append(
+            [
+                family,
+                "LM head, kept",
+                head["kept_plan"] / MiB,
+                head["kept_measured"] / MiB,
+                ratio(head["kept_measured"], head["kept_plan"]),
+            ]
+        )
+        rows.append(
+            [
+                family,
+                "LM head, peak (CPU torch fallback; plan: CUDA)",
+                head["peak_plan"] / MiB,
+                head["peak_measured"] / MiB,
+                ratio(head["peak_measured"], head["peak_plan"]),
+            ]
+        )
+        print(f"({family}: {time.perf_counter() - start:.0f} s, generation_rows)", file=sys.stderr, flush=True)
+        gen = generation_rows(
+            family,
+            types * 2 if family != "Qwen3.5-4B" else ["linear_attention", "full_attention"],
+            gen_batch,
+            length - 1024 if not args.quick else 128,
+            steps,
+        )
+        found["generation"] = gen
+        rows.append(
+            [
+                family,
+                "generation cache (2 layers)",
+                gen["cache_plan"] / MiB,
+                gen["cache_measured"] / MiB,
+                ratio(gen["cache_measured"], gen["cache_plan"]),
+            ]
+        )
+        rows.append(
+            [
+                family,
+                "generation prefill peak (2 layers)",
+                gen["prefill_peak_plan"] / MiB,
+                gen["prefill_peak_measured"] / MiB,
+                ratio(gen["prefill_peak_measured"], gen["prefill_peak_plan"]),
+            ]
+        )
+        print(f"({family}: {time.perf_counter() - start:.0f} s, vision_rows)", file=sys.stderr, flush=True)
+        if args.quick and family != "Qwen2.5-VL-3B":
+            figures["families"][family] = found
+            continue
+        vision = vision_rows(family, side)
+        found["vision"] = vision
+        rows.append(
+            [
+                family,
+                f"vision block with LoRA ({vision['patches']} patches), 2 minus 1 block",
+                vision["block_plan"] / MiB,
+                vision["slope_measured"] / MiB,
+                ratio(vision["slope_measured"], vision["block_plan"]),
+            ]
+        )
+        figures["families"][family] = found
+        print(f"({family}: {time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    check_length = 64
+    figures["real_check"] = {
+        family: real_check(family, t, check_length, narrow=args.quick)
+        for family, t in (("Qwen2.5-VL-3B", "full_attention"), ("Qwen3.5-4B", "linear_attention"))
+        if family == "Qwen3.5-4B" or not args.quick
+    }
+    print(
+        f"sizes: micro-batch {batch} x {length} tokens, {side}x{side} image (vision, real tensors), "
+        f"generation {gen_batch} sequences, LoRA r={RANK}, bf16 autocast, fake tensors"
+    )
+    print(markdown_table(["family", "part", "plan MiB", "measured MiB", "measured / plan"], rows))
+    width = "1/8 width" if args.quick else "real width"
+    for family, counts in figures["real_check"].items():
+        print(
+            f"fake vs real tensors, {family} one layer ({width}, {check_length} tokens): "
+            f"{counts['fake']:,} vs {counts['real']:,} bytes kept"
+        )
+    figures["rows"] = rows
+    figures["seconds"] = time.perf_counter() - start
+    report("memory_plan", figures, args.json)
+
+
+if __name__ == "__main__":
+    main()
