@@ -141,8 +141,9 @@ def train(folder: Path, cache: Path, steps: int, run_dir: Path) -> dict[str, flo
     }
 
 
-def disk_mb(folder: Path, pattern: str = "*.arrow") -> float:
-    return sum(p.stat().st_size for p in folder.rglob(pattern)) / 1e6 if folder.is_dir() else 0.0
+def disk_mb(folder: Path) -> float:
+    """MB of the Arrow files under `folder`."""
+    return sum(p.stat().st_size for p in folder.rglob("*.arrow")) / 1e6 if folder.is_dir() else 0.0
 
 
 def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any]:
