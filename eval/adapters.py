@@ -4,6 +4,10 @@ PEFT can load an adapter whose module names do not match the model (renamed modu
 Qwen-VL's language model under `model.language_model`) and then silently evaluate the base model. We compare each
 tensor of the adapter file with the weight that ended up in the model and stop with the names that did not attach.
 An adapter of a base with other dimensions fails inside PEFT; we turn that into the same kind of error.
+
+Whether an adapter attaches depends on the base's module names and shapes, not its weights: the same check runs on
+a model built on the meta device (`model_skeleton`), which is how the vLLM backend verifies an adapter without
+holding a second copy of the base in memory beside the engine's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import torch
 from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +59,42 @@ def adapter_base_model(adapter_dir: str | Path) -> str | None:
     return config.get("base_model_name_or_path")
 
 
+def model_skeleton(path: str, revision: str | None = None, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The model class `load_model` builds for the checkpoint at `path`, on the meta device: every module with its
+    name and shape, no weights (no memory, whatever the model's size), and the generation config `from_pretrained`
+    would give it (the checkpoint's `generation_config.json`, else the one derived from `config.json`)."""
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config, trust_remote_code=trust_remote_code)
+    # What `from_pretrained` runs after loading the weights to read the checkpoint's generation config.
+    model.adjust_generation_fn(
+        generation_config=None,
+        from_auto_class=True,
+        from_pipeline=None,
+        pretrained_model_name_or_path=path,
+        cache_dir=None,
+        force_download=False,
+        proxies=None,
+        local_files_only=False,
+        token=None,
+        revision=revision,
+        subfolder="",
+        trust_remote_code=trust_remote_code,
+    )
+    return model
+
+
 def load_verified_adapter(model: Any, adapter_dir: str | Path, merge: bool = False) -> Any:
-    """`PeftModel.from_pretrained(model, adapter_dir)`, verified weight by weight; merged if `merge`."""
+    """`PeftModel.from_pretrained(model, adapter_dir)`, verified weight by weight; merged if `merge`.
+
+    On a `model_skeleton` (meta device) PEFT attaches the adapter's tensors by name, refusing other shapes, then
+    moves them to the base's (meta) device: a weight attached if its name is in the model with its saved shape,
+    which is what decides it on a loaded model too. Such a model cannot be merged.
+    """
     adapter_dir = check_adapter_dir(adapter_dir)
+    on_meta = model.device.type == "meta"
+    if on_meta and merge:
+        raise ValueError("an adapter cannot be merged into a model without weights (model_skeleton): load the model")
     base = adapter_base_model(adapter_dir)
     if base and base != model.name_or_path:
         # Only a warning: the same base may live under another name (Hub id here, local copy there); the weight
@@ -64,7 +102,8 @@ def load_verified_adapter(model: Any, adapter_dir: str | Path, merge: bool = Fal
         logger.warning("adapter %s was trained on %s; applying it to %s", adapter_dir, base, model.name_or_path)
     saved = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
     try:
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dir))
+        # On meta, PEFT's low-memory path assigns the adapter's tensors instead of copying them into empty ones.
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), low_cpu_mem_usage=on_meta)
     except (RuntimeError, ValueError, KeyError) as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         raise AdapterMismatch(
@@ -72,10 +111,17 @@ def load_verified_adapter(model: Any, adapter_dir: str | Path, merge: bool = Fal
             f"{model.name_or_path}: {_shorten(lines)}"
         ) from error
     loaded = get_peft_model_state_dict(peft_model)
-    failed = [k for k, v in saved.items() if k not in loaded or not torch.equal(loaded[k].to(v.dtype).cpu(), v)]
+    failed = [k for k, v in saved.items() if k not in loaded or not _attached(loaded[k], v, on_meta)]
     if failed:
         raise AdapterMismatch(
             f"{len(failed)} of {len(saved)} adapter weights of {adapter_dir} did not attach to {model.name_or_path} "
             f"(renamed modules or another base model): {_shorten(failed)}"
         )
     return peft_model.merge_and_unload() if merge else peft_model
+
+
+def _attached(loaded: torch.Tensor, saved: torch.Tensor, on_meta: bool) -> bool:
+    """The saved weight is the one in the model (on meta, where values are not kept: the same shape)."""
+    if on_meta:
+        return loaded.shape == saved.shape
+    return torch.equal(loaded.to(saved.dtype).cpu(), saved)

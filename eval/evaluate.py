@@ -207,6 +207,12 @@ def claim_output(
     def claim() -> None:
         stack.enter_context(hold_output(Path(eval_args.output)))
         check_output(eval_args)
+        if PartialState().num_processes > 1:  # named, so that a rank timing out in the broadcast can be explained
+            logger.info(
+                "identifying %s by content (sha256 of its weights: read in full once, then remembered); the other "
+                "processes wait for it under ddp_timeout",
+                model_args.model_name_or_path,
+            )
         settings.update(weights_identity(model_args, eval_args.adapter))
         partial = partial_path(Path(eval_args.output))
         if eval_args.resume and partial.exists():
@@ -361,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise ValueError(
             f"--backend vllm runs one engine in one process, and this is process {state.process_index} of "
             f"{state.num_processes} (accelerate launch or torchrun): an engine per rank would each hold a whole "
-            f"model and the HF model beside it. Start it as one process: python eval/evaluate.py {shlex.join(argv)}"
+            f"model with default memory use. Start it as one process: python eval/evaluate.py {shlex.join(argv)}"
         )
     max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)
     settings = {
@@ -395,8 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **settings,
             "max_pixels": max_pixels_of(processor),
             "generation_config": evaluator.decoding(max_new_tokens),
-            "dtype": str(evaluator.model.dtype).removeprefix("torch."),
-            "device": evaluator.model.device.type,
+            **evaluator.placement(),
         }
         result = run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
     if state.num_processes > 1:

@@ -6,16 +6,20 @@ and every engine prompt must equal the evaluator's ids token for token, so vLLM 
 Decoding is the HF backend's: greedy, the same stop ids, vision tokens never generated, nothing from the
 checkpoint's `generation_config.json`.
 
-An adapter is served by vLLM's LoRA support (`enable_lora`, one `LoRARequest` per generate call) without merging,
-after the HF side verified that every weight of it attaches to the base. vLLM declares LoRA (`SupportsLoRA`) for the
+The engine holds the only copy of the weights: this process builds the HF model on the meta device only
+(`model_skeleton`: no weights), which gives the stop ids from the checkpoint's generation config as the HF backend
+reads them, and verifies an adapter by name and shape against it. An adapter is served by vLLM's LoRA support
+(`enable_lora`, one `LoRARequest` per generate call) without merging. vLLM declares LoRA (`SupportsLoRA`) for the
 Qwen2.5-VL, Qwen3-VL and Qwen3.5 model classes, but on the language model only unless the experimental
 `enable_tower_connector_lora` is on; an adapter vLLM cannot serve unmerged (LoRA on the vision tower, DoRA,
 `modules_to_save`, LoRA biases) is refused before anything loads, naming the export (`python -m vision_grpo.export`)
-as the way. With `--merge_adapter` the adapter is merged and the merged model saved for the engine to load.
+as the way. With `--merge_adapter` the model is loaded once to merge the adapter, saved for the engine to load, and
+freed before the engine starts.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 from pathlib import Path
@@ -24,9 +28,9 @@ from typing import Any
 from PIL import Image
 from safetensors import safe_open
 
-from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_verified_adapter, model_skeleton
 from vision_grpo.evaluator import SEED, Evaluator
-from vision_grpo.modeling import is_vision_parameter, resolve_model_path
+from vision_grpo.modeling import is_vision_parameter, load_model, resolve_model_path
 from vision_grpo.vllm_generation import check_engine_prompt, collapse_image_runs, pixel_kwargs, vision_logit_bias
 
 # vLLM's accepted `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
@@ -69,24 +73,51 @@ def check_vllm_lora(adapter: str | Path) -> int:
     return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
 
 
+def save_merged(model_args: Any, adapter: str, processor: Any, trust_remote_code: bool, folder: Path) -> None:
+    """The adapter merged into the base and saved in `folder` for the engine to load. The model is loaded for this
+    only and freed on return, before the engine holds its own copy."""
+    merged = load_verified_adapter(load_model(model_args, trust_remote_code), adapter, merge=True)
+    merged.save_pretrained(folder)
+    del merged
+    gc.collect()
+    processor.save_pretrained(folder)
+    # The legacy image-processor file too: a processor saved without its video part (no torchvision) is then still
+    # loadable by vLLM's AutoProcessor, which falls back to it for the video processor.
+    processor.image_processor.save_pretrained(folder)
+
+
 class VLLMEvaluator(Evaluator):
-    """`Evaluator` whose `generate` runs a vLLM engine; the HF model (on the CPU) only supplies stop ids, the
-    verification of an adapter and the weights of a merged one."""
+    """`Evaluator` whose `generate` runs a vLLM engine; its `model` is the HF model on the meta device (no weights),
+    for the stop ids and the adapter's verification."""
 
     def __init__(
-        self, *args: Any, model_args: Any, adapter: str | None, trust_remote_code: bool, **kwargs: Any
+        self,
+        processor: Any,
+        task: str,
+        reward_funcs: list,
+        chat_template_kwargs: dict,
+        *,
+        model_args: Any,
+        adapter: str | None,
+        merge: bool,
+        trust_remote_code: bool,
     ) -> None:
-        super().__init__(*args, **kwargs)
         from vllm import LLM
         from vllm.lora.request import LoRARequest
 
-        # An unmerged adapter: the HF model is still PEFT's wrapper (evaluate.py's --merge_adapter merges it).
-        unmerged = adapter is not None and hasattr(self.model, "merge_and_unload")
+        path = resolve_model_path(model_args.model_name_or_path)
+        model = model_skeleton(path, model_args.model_revision, trust_remote_code)
+        unmerged = adapter is not None and not merge
+        if unmerged:
+            model = load_verified_adapter(model, adapter)
+        super().__init__(model, processor, task, reward_funcs, chat_template_kwargs)
         lora = {"enable_lora": True, "max_lora_rank": check_vllm_lora(adapter), "max_loras": 1} if unmerged else {}
         self.lora_request = LoRARequest("adapter", 1, str(Path(adapter).resolve())) if unmerged else None
-        self._merged_dir = tempfile.TemporaryDirectory(prefix="vision-grpo-vllm-") if adapter and not unmerged else None
+        self._merged_dir = tempfile.TemporaryDirectory(prefix="vision-grpo-vllm-") if adapter and merge else None
+        if self._merged_dir is not None:
+            save_merged(model_args, adapter, processor, trust_remote_code, Path(self._merged_dir.name))
         self.llm = LLM(
-            model=self._engine_weights(model_args.model_name_or_path),
+            model=self._merged_dir.name if self._merged_dir is not None else path,
             dtype=model_args.dtype or "auto",
             seed=SEED,
             trust_remote_code=trust_remote_code,
@@ -96,16 +127,14 @@ class VLLMEvaluator(Evaluator):
             **lora,
         )
 
-    def _engine_weights(self, model_name: str) -> str:
-        """The folder the engine loads: the checkpoint itself, or the adapter merged into it and saved."""
-        if self._merged_dir is None:
-            return resolve_model_path(model_name)
-        self.model.save_pretrained(self._merged_dir.name)
-        self.processor.save_pretrained(self._merged_dir.name)
-        # The legacy image-processor file too: a processor saved without its video part (no torchvision) is then
-        # still loadable by vLLM's AutoProcessor, which falls back to it for the video processor.
-        self.processor.image_processor.save_pretrained(self._merged_dir.name)
-        return str(Path(self._merged_dir.name))
+    def placement(self) -> dict[str, str]:
+        """The engine's dtype and device: it holds the weights that generate."""
+        from vllm.platforms import current_platform
+
+        return {
+            "dtype": str(self.llm.model_config.dtype).removeprefix("torch."),
+            "device": current_platform.device_type,
+        }
 
     def sampling_params(self, max_new_tokens: int) -> Any:
         from vllm import SamplingParams

@@ -29,6 +29,8 @@ os.environ.update(
     }
 )
 RECIPE = "recipes/shapes/tiny_cpu_vllm_colocate.yaml"
+# Prefix of a `run_python` command: the entry point runs with transformers' weight loading refused.
+WITHOUT_HF_WEIGHTS = "tests_vllm/without_hf_weights.py"
 
 
 @pytest.fixture(scope="session")

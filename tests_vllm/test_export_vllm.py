@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import RECIPE, REPO, check, run_python
+from conftest import RECIPE, REPO, WITHOUT_HF_WEIGHTS, check, run_python
 
 sys.path.insert(0, str(REPO / "tests"))  # the run builders shared with tests/test_export.py
 from lora_runs import PIXELS, lora_run  # noqa: E402
@@ -39,8 +39,11 @@ def exported(replica, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def evaluate(root: Path, name: str, args: list[str]) -> dict:
+    """The result of `eval/evaluate.py <args>`; a vLLM run unmerged with transformers' weight loading refused (the
+    engine holds the only copy; `--merge_adapter` loads the model once to merge)."""
     path = root / f"{name.replace(' ', '_')}.json"
-    check(run_python([*COMMON, *args, "--output", str(path)]))
+    guard = [WITHOUT_HF_WEIGHTS] if "vllm" in args and "--merge_adapter" not in args else []
+    check(run_python([*guard, *COMMON, *args, "--output", str(path)]))
     return json.loads(path.read_text())
 
 
@@ -59,6 +62,7 @@ def results(exported, hf_adapter, tmp_path_factory) -> dict[str, dict]:
         "hf base": [*RECIPE_PIXELS, "--backend", "hf"],
         "vllm exported": ["--model_name_or_path", str(output), "--backend", "vllm"],
         "vllm adapter unmerged": [*RECIPE_PIXELS, "--adapter", str(run_dir), "--backend", "vllm"],
+        "vllm adapter merged": [*RECIPE_PIXELS, "--adapter", str(run_dir), "--backend", "vllm", "--merge_adapter"],
     }
     root = tmp_path_factory.mktemp("results")
     return {"hf adapter": hf_adapter, **{name: evaluate(root, name, args) for name, args in runs.items()}}
@@ -77,6 +81,11 @@ def test_vllm_serves_the_exported_folder_as_transformers_answers(results) -> Non
 def test_vllm_lora_serves_the_unmerged_adapter_as_transformers_answers(results) -> None:
     assert results["vllm adapter unmerged"]["metadata"]["merged"] is False
     assert results["vllm adapter unmerged"]["records"] == results["hf adapter"]["records"]
+
+
+def test_vllm_serves_the_adapter_merged_in_process_as_transformers_answers(results) -> None:
+    assert results["vllm adapter merged"]["metadata"]["merged"] is True
+    assert results["vllm adapter merged"]["records"] == results["hf adapter"]["records"]
 
 
 def test_plain_transformers_loads_the_folder_with_no_arguments(exported) -> None:

@@ -51,6 +51,10 @@ class Evaluator:
         self.eos_ids = set(self.stop_ids) | ({self.pad_id} if self.pad_id is not None else set())
         self.suppress_ids = vision_special_token_ids(tokenizer)
 
+    def placement(self) -> dict[str, str]:
+        """The dtype and device type of the weights that generate (recorded in a result's metadata)."""
+        return {"dtype": str(self.model.dtype).removeprefix("torch."), "device": self.model.device.type}
+
     def generation_config(self, max_new_tokens: int) -> GenerationConfig:
         """Greedy decoding, built here: no repetition penalty, top-k/top-p or length rule from the checkpoint."""
         return GenerationConfig(
@@ -225,8 +229,6 @@ def place_model(eval_args: Any) -> Any:
     """Where `from_pretrained` puts the model: this process's accelerator (GPU or MPS) when there is one, else the
     CPU; `--device_map auto` spreads one model over every GPU (one process)."""
     state = PartialState()
-    if eval_args.backend == "vllm":
-        return None  # the engine holds the weights that generate; the HF model stays on the CPU
     if eval_args.device_map == "auto":
         if state.num_processes > 1:
             raise ValueError("device_map auto spreads one model over all GPUs: run one process, not accelerate launch")
@@ -238,17 +240,21 @@ def build_evaluator(task_args: Any, train_args: Any, model_args: Any, eval_args:
     """Model (+ verified adapter), processor and rewards exactly as the recipe's training run built them.
 
     `eval_args` says which adapter (`adapter`, `merge_adapter`), where the model goes (`device_map`) and which
-    generation backend (`backend`: `hf`, or `vllm` for eval/vllm_backend.py): eval/evaluate.py's `EvalArguments`.
+    generation backend (`backend`: `hf`, or `vllm` for eval/vllm_backend.py, which loads no HF weights: the engine
+    holds the only copy): eval/evaluate.py's `EvalArguments`.
     """
     processor = get_processor(model_args, task_args, train_args.trust_remote_code)
-    model = load_model(model_args, train_args.trust_remote_code, device_map=place_model(eval_args))
-    if eval_args.adapter:
-        model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
     rewards = get_recipe_rewards(task_args, processor.tokenizer)
-    common = (model, processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
+    common = (processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
     if eval_args.backend == "vllm":
         from vision_grpo.eval.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
 
-        vllm_args = {"adapter": eval_args.adapter, "trust_remote_code": train_args.trust_remote_code}
-        return VLLMEvaluator(*common, model_args=model_args, **vllm_args), processor
-    return Evaluator(*common), processor
+        vllm_args = {"adapter": eval_args.adapter, "merge": eval_args.merge_adapter}
+        evaluator = VLLMEvaluator(
+            *common, model_args=model_args, trust_remote_code=train_args.trust_remote_code, **vllm_args
+        )
+        return evaluator, processor
+    model = load_model(model_args, train_args.trust_remote_code, device_map=place_model(eval_args))
+    if eval_args.adapter:
+        model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
+    return Evaluator(model, *common), processor
