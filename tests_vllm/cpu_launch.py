@@ -11,13 +11,18 @@ CPU-only (never in users' code paths; GPU installs need none of it):
 Test-only:
 - `--unfixed-prompts` sends TRL's own prompts to the engine (image placeholders already expanded, expanded again by
   vLLM), bypassing `VisionPromptEngine`: the corrupted run the logprob-gap guard must stop.
+- `--vllm-dtype float32` (or another dtype) starts TRL's colocated engine in that dtype. TRL passes none, so vLLM's
+  `auto` applies, which runs a float32 checkpoint (the replicas) in the platform's 16-bit type (bf16 here): the flag
+  separates bf16 numerics from the rest of the logprob gap (docs/evaluation.md).
 """
 
 from __future__ import annotations
 
+import functools
 import runpy
 import sys
 
+import trl.generation.vllm_generation as trl_vllm
 from trl.generation.vllm_generation import VLLMGeneration
 
 from vision_grpo.vllm_generation import VisionPromptEngine
@@ -45,6 +50,9 @@ def main() -> None:
     if args and args[0] == "--unfixed-prompts":
         VisionPromptEngine.generate = trl_prompts
         args = args[1:]
+    if args and args[0] == "--vllm-dtype":
+        trl_vllm.LLM = functools.partial(trl_vllm.LLM, dtype=args[1])
+        args = args[2:]
     script, *rest = args
     sys.argv = [script, *rest]
     runpy.run_path(script, run_name="__main__")
