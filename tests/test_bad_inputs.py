@@ -24,7 +24,7 @@ from conftest import REPO, run_script
 from PIL import Image
 from test_prompts_and_images import png_header_only
 from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
-from trl import ModelConfig
+from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, unused_rows
@@ -32,6 +32,7 @@ from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
 from vision_grpo.data.prompts_and_images import RowRefused, make_example
 from vision_grpo.modeling import TINY_MODEL, load_model
+from vision_grpo.recipe_run import RecipeRun
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, discover, get_reward_funcs
 
 TINY_RECIPE = "recipes/shapes/tiny_cpu.yaml"
@@ -156,6 +157,16 @@ def test_yaml_merge_keys_are_read(tmp_path: Path) -> None:
     recipe.write_text(Path(TINY_RECIPE).read_text() + "\n<<: {max_grad_norm: 0.5}\n")
     _, training_args, _ = parse_recipe(config_classes(recipe), ["--config", str(recipe)])
     assert training_args.max_grad_norm == 0.5
+
+
+@pytest.mark.parametrize("inside", ["", "runs"], ids=["output_dir", "a folder above it"])
+def test_an_output_dir_that_is_a_file_is_refused_naming_it(tmp_path: Path, inside: str) -> None:
+    """Before: FileExistsError (or NotADirectoryError) from making the lock's folder, saying nothing of output_dir."""
+    (tmp_path / "notes").write_text("keep me")
+    argv = ["--config", TINY_RECIPE, "--output_dir", str(tmp_path / "notes" / inside), "--run_name", "a"]
+    with pytest.raises(RecipeError, match=r"output_dir .*notes is a file, not a folder; set output_dir to a folder"):
+        RecipeRun.start(GRPOConfig, argv)
+    assert (tmp_path / "notes").read_text() == "keep me"
 
 
 def test_the_command_line_shows_the_error_as_its_last_line(tmp_path: Path) -> None:

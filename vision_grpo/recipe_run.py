@@ -306,7 +306,11 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
             f"run_name {run_name!r} must name a folder inside output_dir (no absolute path, no `..`); set "
             "`output_dir` to choose where runs go"
         )
-    run_dir = Path(trainer_args.output_dir) / run_name
+    output_dir = Path(trainer_args.output_dir)
+    for folder in [output_dir, *output_dir.parents]:  # a file on the way: the folders cannot be made
+        if folder.exists() and not folder.is_dir():
+            raise RecipeError(f"output_dir {output_dir}: {folder} is a file, not a folder; set output_dir to a folder")
+    run_dir = output_dir / run_name
     trainer_args.output_dir = str(run_dir)
     trainer_args.run_name = run_name
     # transformers 5 reads TensorBoard's folder from this variable only (`logging_dir` is gone).
