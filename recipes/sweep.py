@@ -15,18 +15,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.eval import compare_runs
+from vision_grpo.launched import die_with_parent
 
 logger = logging.getLogger("vision_grpo.sweep")
 TRAIN = Path(__file__).resolve().with_name("train.py")
@@ -93,6 +97,34 @@ def output_dir_of(flags: list[Flag]) -> Path:
     raise SweepError("no output_dir: set it in the recipe or pass --output_dir")
 
 
+def run_until_stopped(command: list[str]) -> tuple[int, int | None]:
+    """Run one training; a SIGINT or SIGTERM to the sweep is passed on to it once, and no further run starts.
+
+    The run gets its own process group, so a Ctrl-C reaches it only through the sweep (twice would stop it without
+    saving), and dies with the sweep (PR_SET_PDEATHSIG) if the sweep is killed. Returns its exit status and the
+    signal that stopped the sweep, if any.
+    """
+
+    def start_alone() -> None:
+        os.setpgid(0, 0)
+        die_with_parent()
+
+    child = subprocess.Popen(command, preexec_fn=start_alone)
+    stopped_by: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        if not stopped_by:  # a second signal goes on as well: the run then stops at once
+            stopped_by.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait(), (stopped_by[0] if stopped_by else None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -116,7 +148,14 @@ def main(argv: list[str] | None = None) -> list[Path]:
         print(shlex.join(command), flush=True)
         if args.dry_run:
             continue
-        exit_code = subprocess.run(command).returncode
+        exit_code, stopped_by = run_until_stopped(command)
+        if stopped_by:
+            waiting = [later for later, _ in runs[len(run_dirs) + 1 :]]
+            raise SweepError(
+                f"stopped by signal {stopped_by} during run {name} (exit {exit_code}): continue it with "
+                f"`{shlex.join([*command, '--resume_from_checkpoint', 'last'])}`; not started: {waiting}; finished "
+                f"runs: {[str(d) for d in run_dirs]}"
+            )
         if exit_code != 0:
             raise SweepError(f"run {name} failed (exit {exit_code}); finished runs: {[str(d) for d in run_dirs]}")
         run_dirs.append(output_dir / name)

@@ -136,3 +136,13 @@ def test_a_lora_target_that_names_no_module_is_refused_listing_the_layers(family
     check_lora_targets(model, get_peft_config(model_args, task_args))  # names that exist pass
     model_args.lora_target_modules = None
     check_lora_targets(model, get_peft_config(model_args, task_args))  # all-linear
+
+
+def test_a_python_tag_in_a_recipe_runs_nothing(tmp_path: Path) -> None:
+    """Recipes are data: YAML's python tags (`!!python/object/apply:os.system`) are refused by the safe loader."""
+    marker = tmp_path / "ran"
+    recipe = tmp_path / "tagged.yaml"
+    recipe.write_text(f'run_name: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(RecipeError, match="is not valid YAML: could not determine a constructor for the tag"):
+        parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", str(recipe)])
+    assert not marker.exists()

@@ -127,3 +127,43 @@ def test_a_launcher_killed_during_training_leaves_a_checkpoint_to_resume(tmp_pat
     scored = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert max(scored) == stopped_at - 1, "steps went on after the checkpoint"
     assert json.loads((run_dir / "manifest.json").read_text())["ended"] is not None
+
+
+@pytest.mark.slow
+def test_a_signal_to_a_sweep_stops_its_run_with_a_checkpoint_and_starts_no_other(tmp_path: Path) -> None:
+    """SIGTERM to `recipes/sweep.py` (before: the sweep died and its training ran on, an orphan, every step; a Ctrl-C
+    made subprocess.run SIGKILL the training before it could save)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "step_probe.py").write_text(STEP_PROBE)
+    log = tmp_path / "steps.jsonl"
+    args = [
+        *("recipes/sweep.py", "--sweep_name", "s", "--config", "recipes/shapes/tiny_cpu.yaml"),
+        *("--output_dir", str(tmp_path / "runs"), "--learning_rate", "1e-3,2e-3", "--max_steps", "200"),
+        *("--shapes_train_size", "8", "--max_completion_length", "8", "--token_check_samples", "1"),
+        *("--reward_funcs", "step_probe", "--reward_weights", "1.0", "--reward_dirs", str(plugins)),
+        *("--report_to", "none", "--save_strategy", "no"),
+    ]
+    sweep = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=REPO,
+        env={**os.environ, "STEP_LOG": str(log)},
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr.txt").open("w"),
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: log.exists() and log.read_text().count("\n") >= 1, sweep, "the first step")
+        (training,) = psutil.Process(sweep.pid).children()
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(timeout=120) == 1
+        assert gone_within([training], 30), "the training runs on after its sweep ended"
+    finally:
+        stop_all(sweep)
+        with contextlib.suppress(ProcessLookupError, NameError):
+            os.killpg(training.pid, signal.SIGKILL)  # its own process group
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert "SweepError: stopped by signal 15 during run s_learning_rate=1e-3" in stderr
+    assert "--resume_from_checkpoint last`; not started: ['s_learning_rate=2e-3']" in stderr
+    assert resume_checkpoint("last", tmp_path / "runs" / "s_learning_rate=1e-3")
+    assert not (tmp_path / "runs" / "s_learning_rate=2e-3").exists()

@@ -44,9 +44,16 @@ def stop_with_launcher() -> None:
     if not sys.platform.startswith("linux") or not launched():
         return
     launcher = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    die_with_parent()
     if os.getppid() != launcher:  # the launcher died before the request was made: nothing would tell us
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def die_with_parent() -> None:
+    """Ask Linux for SIGTERM when the parent process dies; kept across `exec`, so a process starting another may
+    call it between fork and exec (`subprocess.Popen(preexec_fn=...)`)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 # Code of this repository: an error raised here on purpose (a check that failed) needs its message, not its traceback.
