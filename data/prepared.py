@@ -157,13 +157,14 @@ def _beside(rows: datasets.Dataset, source: datasets.Dataset, columns: dict[str,
 
 
 def undecoded(feature: Any) -> Any:
-    """The same column feature with its images left encoded (bytes and path, no PIL)."""
+    """The same column feature with its images left encoded (bytes and path, no PIL); `feature` itself when it is
+    already, because `datasets` casts a list-of-images column by writing a copy of every image."""
     if isinstance(feature, datasets.Image):
-        return datasets.Image(decode=False)
+        return datasets.Image(decode=False) if feature.decode else feature
     if isinstance(feature, datasets.List) and isinstance(feature.feature, datasets.Image):
-        return datasets.List(datasets.Image(decode=False))
+        return datasets.List(datasets.Image(decode=False)) if feature.feature.decode else feature
     if isinstance(feature, list) and feature and isinstance(feature[0], datasets.Image):
-        return [datasets.Image(decode=False)]
+        return [datasets.Image(decode=False)] if feature[0].decode else feature
     return feature
 
 

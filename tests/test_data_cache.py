@@ -8,6 +8,7 @@ import logging
 import os
 from pathlib import Path
 
+import datasets
 import pytest
 from conftest import REPO, run_script
 from PIL import Image
@@ -15,7 +16,7 @@ from test_resume import earlier_run
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_dataset, prepared
 from vision_grpo.recipe_run import RecipeRun, RunConflict
 
 MAX_PIXELS = 168 * 168
@@ -84,7 +85,7 @@ SCRIPT = """
 import logging, os, sys
 from trl import GRPOConfig, ModelConfig
 from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_dataset, prepared
 logging.basicConfig(level=logging.INFO, format=f"RANK{os.environ['RANK']} %(name)s: %(message)s")
 args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[1:])[0]
 print(f"RANK{os.environ['RANK']} of {os.environ['WORLD_SIZE']}: {len(get_dataset(args, 'train', 28224))} rows")
@@ -106,3 +107,14 @@ def test_two_processes_run_the_pass_once_and_the_other_reads_its_cache(tmp_path:
     assert len(ran) == 1 and ran[0].startswith("RANK0") and "process 0 (local 0" in ran[0], output[-3000:]
     assert len(read) == 1 and read[0].startswith("RANK1"), output[-3000:]
     assert os.path.isdir(tmp_path / "hf" / "datasets" / "vision_grpo_rows")
+
+
+@pytest.mark.parametrize(
+    "feature",
+    [datasets.Image(decode=False), datasets.List(datasets.Image(decode=False)), [datasets.Image(decode=False)]],
+    ids=["image", "list", "sequence"],
+)
+def test_an_undecoded_image_column_is_not_cast_again(feature) -> None:
+    """Casting a list-of-images column makes `datasets` write a copy of every image: a column that is already
+    undecoded (the VQA task casts its source once) must come back as it is, so the pass joins it without a copy."""
+    assert prepared.undecoded(feature) is feature
