@@ -19,6 +19,9 @@ lock, `<output>.lock`), and an existing result or partial file is never replaced
 
 from __future__ import annotations
 
+import vision_grpo.launched  # first: a launcher killed while the imports below run stops this worker too
+
+# isort: split
 import json
 import logging
 import os
@@ -411,6 +414,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = main()["summary"]
+    with vision_grpo.launched.errors_named_first():
+        summary = main()["summary"]
     if PartialState().is_main_process:
         print(json.dumps(summary, indent=1, ensure_ascii=False))
