@@ -8,14 +8,13 @@ checksums of its weights after every optimizer step.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from conftest import REPO, run_script
-from recording.recorder import RECORD_ENV, TINY_RECIPE, read_records, recorded_training_args
+from recording.recorder import GLOO_ONLY_ENV, RECORD_ENV, TINY_RECIPE, read_records, recorded_training_args
 from safetensors.torch import load_file
 
 from vision_grpo.modeling import TINY_MODEL, resolve_model_path
@@ -41,8 +40,6 @@ recipe_run.datetime = RankClock
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-# DeepSpeed JIT-compiles its CPU communication op on first use; a stable folder makes that a one-time cost.
-TORCH_EXTENSIONS_DIR = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
 def launch_recorded(tmp_path: Path, launch: list[str], *overrides: str) -> tuple[Path, Path]:
@@ -52,7 +49,7 @@ def launch_recorded(tmp_path: Path, launch: list[str], *overrides: str) -> tuple
     run_script(
         ["-m", "accelerate.commands.launch", *launch, *recorded_training_args(run_dir, *overrides)],
         timeout=900,
-        env={RECORD_ENV: str(records), "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
+        env={RECORD_ENV: str(records), GLOO_ONLY_ENV: "1"},
     )
     return run_dir, records
 

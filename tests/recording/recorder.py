@@ -15,6 +15,8 @@ from typing import Any
 RECORD_ENV = "VISION_GRPO_TEST_RECORD"
 # Set: the recorded run pushes the model towards sampling vision special tokens (train_recorded.force_vision_tokens).
 FORCE_ENV = "VISION_GRPO_TEST_FORCE_VISION_TOKENS"
+# Set: DeepSpeed on CPU communicates through torch.distributed (gloo) instead of its shared-memory kernel.
+GLOO_ONLY_ENV = "VISION_GRPO_TEST_DEEPSPEED_GLOO_ONLY"
 
 
 def record(event: str, **fields: Any) -> None:

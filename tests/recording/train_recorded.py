@@ -16,7 +16,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from recorder import FORCE_ENV, force_vision_tokens, parameter_checksums, record
+from recorder import FORCE_ENV, GLOO_ONLY_ENV, force_vision_tokens, parameter_checksums, record
 
 from vision_grpo import modeling, stopping, trainer
 from vision_grpo.modeling import is_vision_parameter
@@ -84,6 +84,13 @@ if __name__ == "__main__":
     trainer.VisionGRPOTrainer._generate_single_turn = _recorded_generation(
         trainer.VisionGRPOTrainer._generate_single_turn
     )
+    if os.environ.get(GLOO_ONLY_ENV):
+        # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce kernel on first use (minutes of C++ on
+        # 2 cores, in every fresh CI clone) that only CPU runs ever use; without it, DeepSpeed falls back to
+        # torch.distributed's gloo, as it does on any platform where the kernel cannot be built.
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if os.environ.get(FORCE_ENV):
         modeling.load_model = _forcing(modeling.load_model)
     sys.argv = [str(ENTRY_POINT), *sys.argv[1:]]
