@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+import preloaded
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,16 +41,30 @@ def tiny_model_path() -> Path:
 
 def run_script(args: list[str], timeout: float = 600, env: dict[str, str] | None = None, check: bool = True):
     """Run `python <args>` from the repository root (as a user would) and return the completed process."""
-    process = subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    process = preloaded.run(args, cwd=REPO, env={**os.environ, **(env or {})}, timeout=timeout)
     if check and process.returncode != 0:
         raise AssertionError(
             f"{args} failed ({process.returncode}):\n{process.stdout[-3000:]}\n{process.stderr[-6000:]}"
         )
     return process
+
+
+# `make test` runs `pytest -n 2 --dist loadgroup`. A file's tests share its module-scoped fixtures (trained runs,
+# written fixtures), so by default they stay on one worker, which builds each fixture once. In these files the
+# tests are independent end-to-end runs, each minutes long: spread over the workers, except the tests that share
+# one parametrised module fixture (one recorded training each), kept together per parameter.
+SPREAD_FILES = {"test_families.py", "test_resume.py", "test_distributed.py", "test_vqa.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        file = item.path.name
+        if file not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(file))
+            continue
+        callspec = getattr(item, "callspec", None)
+        for name in item.fixturenames:
+            definitions = item._fixtureinfo.name2fixturedefs.get(name)
+            if definitions and definitions[-1].scope == "module" and callspec and name in callspec.params:
+                item.add_marker(pytest.mark.xdist_group(f"{file}::{name}[{callspec.id}]"))
+                break
