@@ -89,14 +89,7 @@ def build(config: Any, mode: FakeTensorMode | None, lora_on_vision: bool = False
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     model = get_peft_model(model, lora)
     with mode:
-        for module in model.modules():
-            for name, value in list(module._parameters.items()):
-                if value is not None:
-                    fake = torch.empty(value.shape, dtype=value.dtype, device="cpu")
-                    module._parameters[name] = torch.nn.Parameter(fake, requires_grad=value.requires_grad)
-            for name, value in list(module._buffers.items()):
-                if value is not None:
-                    module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+        mf.materialise_fake(model)
     return model
 
 

@@ -87,14 +87,7 @@ def test_qwen3_5_layer_formula_matches_what_autograd_keeps(layer_type: str, fake
     model = get_peft_model(model, lora)
     if fake:
         with mode:
-            for module in model.modules():
-                for name, value in list(module._parameters.items()):
-                    if value is not None:
-                        empty = torch.empty(value.shape, dtype=value.dtype, device="cpu")
-                        module._parameters[name] = torch.nn.Parameter(empty, requires_grad=value.requires_grad)
-                for name, value in list(module._buffers.items()):
-                    if value is not None:
-                        module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+            mf.materialise_fake(model)
     language_model = model.base_model.model.model.language_model
     current = ["other"]
     language_model.layers[1].register_forward_pre_hook(lambda m, a: current.__setitem__(0, "layer 1"))

@@ -119,6 +119,21 @@ def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: in
 
 
 @functools.cache
+def materialise_fake(model: torch.nn.Module, dtype: torch.dtype | None = None, trainable: bool | None = None) -> None:
+    """Give a model built on the meta device fake CPU parameters and buffers of the same shapes (in `dtype` and with
+    `requires_grad=trainable` where given): called under the `FakeTensorMode` that will run it, so its forward runs
+    transformers' real code with real shapes and dtypes, and no data."""
+    for module in model.modules():
+        for name, value in list(module._parameters.items()):
+            if value is not None:
+                fake = torch.empty(value.shape, dtype=dtype or value.dtype, device="cpu")
+                grad = value.requires_grad if trainable is None else trainable
+                module._parameters[name] = torch.nn.Parameter(fake, requires_grad=grad)
+        for name, value in list(module._buffers.items()):
+            if value is not None:
+                module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+
+
 def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> float:
     """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward,
     counted by running transformers' own module on fake tensors (shapes and dtypes only, no data) under bf16
@@ -143,10 +158,7 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
     with torch.device("meta"):
         mixer = Qwen3_5GatedDeltaNet(config, 0)
     with FakeTensorMode():
-        for module in mixer.modules():
-            for name, parameter in module.named_parameters(recurse=False):
-                fake = torch.empty(parameter.shape, dtype=torch.bfloat16, device="cpu")
-                setattr(module, name, torch.nn.Parameter(fake, requires_grad=False))
+        materialise_fake(mixer, dtype=torch.bfloat16, trainable=False)
         weights = {p.untyped_storage()._cdata for p in mixer.parameters()}
         hidden = torch.empty(1, tokens, shape.hidden, dtype=torch.bfloat16, device="cpu", requires_grad=True)
         saved: dict[int, tuple[StorageWeakRef, int]] = {}
