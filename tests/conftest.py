@@ -47,25 +47,3 @@ def run_script(args: list[str], timeout: float = 600, env: dict[str, str] | None
             f"{args} failed ({process.returncode}):\n{process.stdout[-3000:]}\n{process.stderr[-6000:]}"
         )
     return process
-
-
-# `make test` runs `pytest -n 2 --dist loadgroup`. A file's tests share its module-scoped fixtures (trained runs,
-# written fixtures), so by default they stay on one worker, which builds each fixture once. In these files the
-# tests are independent end-to-end runs, each a minute or so: spread over the workers, except the tests that share
-# one parametrised module fixture, kept together per parameter. (test_families.py is not spread: its recorded
-# trainings, one per parameter, were built twice when its tests were.)
-SPREAD_FILES = {"test_resume.py", "test_distributed.py", "test_vqa.py"}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        file = item.path.name
-        if file not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(file))
-            continue
-        callspec = getattr(item, "callspec", None)
-        for name in item.fixturenames:
-            definitions = item._fixtureinfo.name2fixturedefs.get(name)
-            if definitions and definitions[-1].scope == "module" and callspec and name in callspec.params:
-                item.add_marker(pytest.mark.xdist_group(f"{file}::{name}[{callspec.id}]"))
-                break
