@@ -48,7 +48,9 @@ def run_once(
     output = workdir / side
     overrides = ["--output_dir", str(output), "--run_name", "bench", "--max_steps", str(steps)]
     overrides += ["--save_strategy", "no", "--logging_steps", "1", "--report_to", "tensorboard", *extra]
-    env = {"OMP_NUM_THREADS": str(threads)} if threads else None
+    # TRL's TensorBoard folder comes from this variable only; one inherited from the caller would take the bare
+    # side's events elsewhere (ours sets its own)
+    env = {"TENSORBOARD_LOGGING_DIR": str(output), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     measured: Measured = check(run_measured([*SIDES[side], "--config", str(RECIPE), *overrides], env=env), side)
     log = read_step_log(output)
     if len(log.wall_times) != steps:

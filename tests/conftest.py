@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import preloaded
@@ -29,6 +30,17 @@ os.environ.update(
 
 # The embedded replicas, one per Qwen-VL family; end-to-end tests are parametrised over them.
 FAMILY_MODELS = ["vision-grpo/tiny-qwen2.5-vl", "vision-grpo/tiny-qwen3-vl", "vision-grpo/tiny-qwen3.5"]
+
+
+@pytest.fixture(autouse=True)
+def environment_as_it_was() -> Iterator[None]:
+    """Each test starts from the session's environment: an entry point called in-process sets variables for its
+    own process (`TENSORBOARD_LOGGING_DIR` in `prepare_run_dir`), and left in this worker they reached every later
+    subprocess (a benchmark's bare-TRL run logged into an earlier test's folder)."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
 
 
 @pytest.fixture(scope="session")

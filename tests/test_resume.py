@@ -313,6 +313,7 @@ def test_decided_by_main_process_forwards_every_exception_to_every_rank(tmp_path
 
 
 DECIDE = """
+import sys
 from datetime import timedelta
 from accelerate import PartialState
 from vision_grpo.recipe_run import decided_by_main_process
@@ -325,7 +326,9 @@ def check():
 try:
     decided_by_main_process(check)
 except Exception as error:
-    print(f"rank {state.process_index}: {type(error).__name__} {error}", flush=True)
+    # one write per line: under PYTHONUNBUFFERED print() writes the text and its newline apart, and the two
+    # ranks' lines interleaved ("rank 0: ...rank 1: ...")
+    sys.stdout.write(f"rank {state.process_index}: {type(error).__name__} {error}\\n")
 state.destroy_process_group()
 """
 
