@@ -134,7 +134,7 @@ def _fake_gpu(monkeypatch, gib: float) -> None:
 def test_a_plan_over_the_present_gpu_is_refused_naming_the_key(monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     _fake_gpu(monkeypatch, 16)
-    with pytest.raises(RecipeError, match=r"this GPU \(Fake GPU\) has 16.0 GiB; change `per_device_train_batch_size`"):
+    with pytest.raises(RecipeError, match=r"this GPU \(Fake GPU\) has 16.0 GiB; change `steps_per_generation`"):
         plan_module.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml"))
 
 

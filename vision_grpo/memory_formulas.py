@@ -11,9 +11,14 @@ benchmarks/memory_plan.py measures each term on real-width few-layer models; doc
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 BF16, FP32 = 2, 4
 # trl.kernels.chunked_logprob: tokens per tile (TOKEN_CHUNK_SIZE) x vocabulary columns per tile (the trainer's chunk)
@@ -47,6 +52,9 @@ class ModelShape:
     merge: int
     temporal_patch: int
     vision_gated_mlp: bool  # Qwen2.5-VL: gate/up/down with SiLU; Qwen3-VL and Qwen3.5: fc1/fc2 with GELU
+    vision_pos_embed: bool  # Qwen3-VL and Qwen3.5 add interpolated learned position embeddings (float32, kept)
+    deepstack_levels: int  # Qwen3-VL: vision features of this many blocks added to the first decoder layers
+    rotary_dim: int  # the text rotary embedding's width (Qwen3.5 rotates a quarter of each head)
 
 
 def shape_of(config) -> ModelShape:
@@ -78,6 +86,9 @@ def shape_of(config) -> ModelShape:
         merge=vision.spatial_merge_size,
         temporal_patch=vision.temporal_patch_size,
         vision_gated_mlp=config.model_type == "qwen2_5_vl",
+        vision_pos_embed=bool(getattr(vision, "num_position_embeddings", 0)),
+        deepstack_levels=len(getattr(vision, "deepstack_visual_indexes", None) or []),
+        rotary_dim=int(head_dim * ((getattr(text, "rope_parameters", None) or {}).get("partial_rotary_factor") or 1.0)),
     )
 
 
@@ -134,15 +145,8 @@ def materialise_fake(model: torch.nn.Module, dtype: torch.dtype | None = None, t
                 module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
 
 
-def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> float:
-    """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward,
-    counted by running transformers' own module on fake tensors (shapes and dtypes only, no data) under bf16
-    autocast, as training runs it: the torch fallback that runs without the flash-linear-attention kernels keeps
-    many per-chunk tensors, too many terms to restate here. Autocast matters: its matmuls then keep bf16 copies of
-    their float32 operands, and the meta device (which autocast does not reach) would count float32 ones instead.
-    The frozen weights are left out (they are the weights part of the plan)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.multiprocessing.reductions import StorageWeakRef
+def _fake_gated_delta_net(shape: ModelShape) -> torch.nn.Module:
+    """transformers' Qwen3.5 Gated DeltaNet mixer at `shape`'s widths, built on the meta device (no weights)."""
     from transformers import AutoConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
@@ -156,7 +160,21 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
         linear_conv_kernel_dim=shape.linear_conv_kernel,
     )
     with torch.device("meta"):
-        mixer = Qwen3_5GatedDeltaNet(config, 0)
+        return Qwen3_5GatedDeltaNet(config, 0)
+
+
+@functools.cache
+def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> float:
+    """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward,
+    counted by running transformers' own module on fake tensors (shapes and dtypes only, no data) under bf16
+    autocast, as training runs it: the torch fallback that runs without the flash-linear-attention kernels keeps
+    many per-chunk tensors, too many terms to restate here. Autocast matters: its matmuls then keep bf16 copies of
+    their float32 operands, and the meta device (which autocast does not reach) would count float32 ones instead.
+    The frozen weights are left out (they are the weights part of the plan)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    mixer = _fake_gated_delta_net(shape)
     with FakeTensorMode():
         materialise_fake(mixer, dtype=torch.bfloat16, trainable=False)
         weights = {p.untyped_storage()._cdata for p in mixer.parameters()}
@@ -177,6 +195,104 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
         total = sum(size for ref, size in saved.values() if not ref.expired())
         del output
     return total / tokens
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of live tensor storages after every op (allocations seen as outputs, frees as expired storages), and
+    their peak: what the caching allocator must hold at once, on fake tensors as on real ones."""
+
+    def __init__(self, exclude: set[int]) -> None:
+        super().__init__()
+        self.exclude = exclude  # storages of the weights: their views (a transpose, a slice) allocate nothing
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.sweep()
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                storage = tensor.untyped_storage()
+                if storage._cdata not in self.live and storage._cdata not in self.exclude:
+                    self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+                    self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+    def sweep(self) -> None:
+        for key, (ref, size) in list(self.live.items()):
+            if ref.expired():
+                del self.live[key]
+                self.current -= size
+
+    def start(self) -> int:
+        """Reset the peak to the bytes live now, and return them (the baseline of a region)."""
+        self.sweep()
+        self.peak = self.current
+        return self.current
+
+
+@functools.cache
+def gated_delta_net_prefill_bytes(shape: ModelShape, prompt: int) -> float:
+    """Peak bytes above its input of Qwen3.5's Gated DeltaNet mixer over one sequence's `prompt`-token prefill (no
+    gradient, bf16 autocast as generation runs under accelerate), counted by running transformers' module on fake
+    tensors: its torch fallback pads the prompt to whole 64-token chunks and holds several float32 per-head copies
+    of queries, keys and values at once, so the count is taken at the real prompt length."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mixer = _fake_gated_delta_net(shape)
+    with FakeTensorMode(), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        materialise_fake(mixer, dtype=torch.bfloat16, trainable=False)
+        hidden = torch.empty(1, prompt, shape.hidden, dtype=torch.bfloat16, device="cpu")
+        live = LiveBytes({p.untyped_storage()._cdata for p in mixer.parameters()} | {hidden.untyped_storage()._cdata})
+        with live:
+            live.start()
+            output = mixer(hidden)
+        del output
+    return float(live.peak)
+
+
+def prefill_bytes_per_sequence(shape: ModelShape, prompt: int, lora: bool) -> float:
+    """Peak bytes of the language model's prefill of one `prompt`-token sequence above its cache (no gradient).
+
+    Alive at the peak, besides the cache being built: the input embeddings (the model's forward holds them), the
+    decoder layer's input, and the largest layer's transient. In a full-attention layer that is its MLP's up
+    projection: act(gate), up's base output and (with LoRA) the adapter's output and its scaled copy, each
+    intermediate-wide bf16, with the adapter's float32 copy of its input, the post-attention residual and its norm;
+    sdpa holds no prompt x prompt matrix. In a Gated DeltaNet layer, the mixer's chunked torch fallback (counted)
+    over the normed input. The rotary cosine and sine tables stay alive through all layers."""
+    h, i = shape.hidden, shape.intermediate
+    stream = 2 * BF16 * h + 2 * BF16 * shape.rotary_dim  # embeddings, layer input; rotary cos and sin
+    peaks = []
+    if "full_attention" in shape.layer_types:
+        mlp = (4 * BF16 * i + FP32 * h) if lora else 3 * BF16 * i
+        peaks.append((mlp + 2 * BF16 * h) * prompt)
+    if "linear_attention" in shape.layer_types:
+        peaks.append(BF16 * h * prompt + gated_delta_net_prefill_bytes(shape, prompt))
+    return stream * prompt + max(peaks)
+
+
+def vision_prefill_bytes_per_patch(shape: ModelShape) -> float:
+    """Peak bytes per patch of the vision tower's forward without gradient (generation encodes every image of the
+    generation batch in one call). The peak is the rotary embedding of a block's attention: the bf16 qkv output
+    and six float32 copies of queries and keys (`apply_rotary_pos_emb_vision` upcasts q and k, rotates and adds),
+    the block's input and its norm, the bf16 copy of the pixel patches, the float32 cosine and sine, and in the
+    Qwen3 families the float32 interpolated position embeddings the forward keeps."""
+    d = shape.vision_hidden
+    pixels = 3 * shape.temporal_patch * shape.patch**2
+    head = d // shape.vision_heads
+    peak = 3 * BF16 * d + 6 * FP32 * d + 2 * BF16 * d + BF16 * pixels + 2 * FP32 * head
+    return peak + (FP32 * d if shape.vision_pos_embed else 0)
+
+
+def image_bytes_per_image_token(shape: ModelShape) -> float:
+    """Bytes per image token that stay alive through the language model's prefill once the images are encoded: the
+    float32 pixel patches (TRL's generation inputs), the vision tower's last hidden states (merge^2 patches per
+    token), its merged output and the concatenated copy the model scatters into the embeddings, and in Qwen3-VL
+    each deepstack level's features and their concatenated copy."""
+    pixels = 3 * shape.temporal_patch * shape.patch**2
+    encoded = 2 * BF16 * shape.hidden * (1 + shape.deepstack_levels)
+    return shape.merge**2 * (FP32 * pixels + BF16 * shape.vision_hidden) + encoded
 
 
 def vision_block_bytes_per_patch(shape: ModelShape, lora_rank: int) -> float:

@@ -285,9 +285,21 @@ def build_plan(
                 "steps_per_generation (fewer sequences per generate call) or use_vllm",
             )
         )
-        prefill = generated * prompt * 3 * shape.intermediate * mf.BF16
+        # The vision tower encodes every image of the call first; the language model's prefill then runs with the
+        # encoded images (and the pixel patches) alive. The larger of the two sets the part.
+        images = images_per_prompt * image_tokens
+        language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images * mf.image_bytes_per_image_token(shape)
+        pixels = 3 * shape.temporal_patch * shape.patch**2
+        vision = images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
+        prefill = generated * max(language, vision) + counts["lora"] * mf.BF16  # + autocast's bf16 adapter copies
         plan.parts.append(
-            Part("generation prefill (largest MLP intermediate)", prefill, "generate", "steps_per_generation")
+            Part(
+                f"generation prefill ({'vision tower' if vision > language else 'language model'} peak)",
+                prefill,
+                "generate",
+                "steps_per_generation",
+                f"language model {generated * language / GiB:.2f}, vision tower {generated * vision / GiB:.2f}",
+            )
         )
     return plan
 
