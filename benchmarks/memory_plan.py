@@ -11,7 +11,9 @@ seconds on a CPU whose bfloat16 matmuls are far too slow for them. Measured per 
   decoder layer, the vision tower or the LM head by module hooks; the slope between 1 and 2 layers is the
   per-layer cost the plan multiplies by the layer count;
 - peaks: the bytes of live storages (a dispatch mode that sees every allocation and every free) over the LM head's
-  forward and backward, and over the generation prefill;
+  forward and backward, over the language model's generation prefill (at two sizes), over the vision tower's
+  forward without gradient, and over the whole model's prefill of a prompt with an image (real tensors at 1/8 of
+  the width: the vision tower reads its grid's values), one image size per side of the plan's maximum;
 - the generation cache: the bytes of the cache after a prefill and decoding steps.
 One check runs the same decoder-layer count on real tensors at a small size: fake and real must agree exactly,
 which is what makes the fake counts measurements. `--quick` runs smaller sizes, the vision tower of one family
@@ -297,6 +299,58 @@ def vision_prefill_row(family: str, side: int) -> dict[str, float]:
     return {"patches": patches, "plan": planned, "measured": live.peak - baseline}
 
 
+def image_prefill_row(family: str, side: int) -> dict[str, float]:
+    """The whole model's prefill of one prompt with one `side` x `side` image, as `generate` runs it (pixel patches in
+    float32, the last position's logits only), on real tensors at 1/8 of the width (the vision tower reads its
+    grid's values, which fake tensors do not have): plan (the vision tower's peak or the language model's with the
+    encoded images alive, and the cache) vs measured."""
+    layers = ["full_attention", "linear_attention"] if family == "Qwen3.5-4B" else ["full_attention"] * 2
+    config = few_layer_config(family, layers)
+    text, vision = config.get_text_config(), config.vision_config
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+        setattr(text, key, max(1, getattr(text, key) // 8))
+    if getattr(text, "linear_num_key_heads", None):
+        text.linear_num_key_heads, text.linear_num_value_heads = 2, 4
+    vision.hidden_size, vision.intermediate_size, vision.num_heads = vision.hidden_size // 8, 512, 2
+    vision.out_hidden_size = text.hidden_size
+    vision.depth = 2
+    if hasattr(vision, "deepstack_visual_indexes"):
+        vision.deepstack_visual_indexes = [0, 1] if family == "Qwen3-VL-4B" else []
+    shape = mf.shape_of(config)
+    patches, image_tokens = mf.image_tokens(shape, side * side)
+    grid = int(patches**0.5)
+    model = build(config, None)
+    pixels = 3 * shape.temporal_patch * shape.patch**2
+    ids = [100] * 16 + [config.vision_start_token_id] + [config.image_token_id] * image_tokens
+    ids = torch.tensor([[*ids, config.vision_end_token_id, *[100] * 16]])
+    pixel_values = torch.randn(patches, pixels)
+    live = mf.LiveBytes({t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]})
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), live:
+        baseline = live.start() - pixel_values.untyped_storage().nbytes()
+        output = model(
+            input_ids=ids,
+            pixel_values=pixel_values,
+            image_grid_thw=torch.tensor([[1, grid, grid]]),
+            mm_token_type_ids=(ids == config.image_token_id).long(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    del output
+    prompt = ids.shape[1]
+    language = mf.prefill_bytes_per_sequence(shape, prompt, lora=True)
+    language += image_tokens * mf.image_bytes_per_image_token(shape)
+    encode = patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
+    lora = parameter_counts(config, RANK, lora_on_vision=False, targets=None)["lora"]
+    cache = prompt * mf.kv_cache_bytes_per_token(shape) + mf.linear_state_bytes_per_sequence(shape)
+    return {
+        "patches": patches,
+        "prompt": prompt,
+        "plan": max(cache + language + lora * mf.BF16, encode),  # the adapters' bf16 copies come with the layers
+        "peak_in": "vision tower" if encode > cache + language + lora * mf.BF16 else "language model",
+        "measured": live.peak - baseline,
+    }
+
+
 def ratio(measured: float, planned: float) -> str:
     return f"{measured / planned:.2f}" if planned else "-"
 
@@ -400,6 +454,21 @@ def main() -> None:
                     gen["prefill_peak_plan"] / MiB,
                     gen["prefill_peak_measured"] / MiB,
                     ratio(gen["prefill_peak_measured"], gen["prefill_peak_plan"]),
+                ]
+            )
+        print(f"({family}: {time.perf_counter() - start:.0f} s, image_prefill_row)", file=sys.stderr, flush=True)
+        found["image_prefill"] = {}
+        for image_side in (224, 448):  # the language model's peak with the image alive; the vision tower's
+            whole = image_prefill_row(family, image_side)
+            found["image_prefill"][str(image_side)] = whole
+            rows.append(
+                [
+                    family,
+                    f"whole-model prefill, {whole['prompt']} tokens with a {image_side}px image (1/8 width, real "
+                    f"tensors), peak in the {whole['peak_in']}",
+                    whole["plan"] / MiB,
+                    whole["measured"] / MiB,
+                    ratio(whole["measured"], whole["plan"]),
                 ]
             )
         print(f"({family}: {time.perf_counter() - start:.0f} s, vision_rows)", file=sys.stderr, flush=True)

@@ -289,16 +289,17 @@ def build_plan(
         # encoded images (and the pixel patches) alive. The larger of the two sets the part.
         images = images_per_prompt * image_tokens
         language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images * mf.image_bytes_per_image_token(shape)
+        language = generated * language + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
         pixels = 3 * shape.temporal_patch * shape.patch**2
-        vision = images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
-        prefill = generated * max(language, vision) + counts["lora"] * mf.BF16  # + autocast's bf16 adapter copies
+        vision = generated * images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
+        prefill = max(language, vision)
         plan.parts.append(
             Part(
                 f"generation prefill ({'vision tower' if vision > language else 'language model'} peak)",
                 prefill,
                 "generate",
                 "steps_per_generation",
-                f"language model {generated * language / GiB:.2f}, vision tower {generated * vision / GiB:.2f}",
+                f"language model {language / GiB:.2f}, vision tower {vision / GiB:.2f}",
             )
         )
     return plan
