@@ -1,6 +1,6 @@
 """Real-vLLM tests (`make test-vllm`, run in `.venv-vllm` built by `tests_vllm/make_env.sh`; the main suite never
 collects them). Offline, isolated caches, one torch thread, a small CPU KV cache; vLLM engines start in the
-entry points' own processes (17-75 s each on 2 cores), so each test module starts as few as it needs."""
+entry points' own processes, so each test module starts as few as it needs."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ os.environ.update(
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
         "HF_HOME": str(_SESSION_HOME / "hf"),
         "VISION_GRPO_CACHE": str(_SESSION_HOME / "vision_grpo"),
+        # vLLM's compile cache too: nothing carried over from an earlier session.
+        "VLLM_CACHE_ROOT": str(_SESSION_HOME / "vllm"),
+        # What vLLM's own CPU CI sets: the model runs under dynamo with the eager backend instead of compiling C++
+        # kernels with inductor (the same ops, so the same greedy tokens; a GPU run compiles for CUDA anyway).
+        "VLLM_CPU_CI_ENV": "1",
+        # The engine core in the entry point's own process, as TRL's colocate mode runs it, instead of a second
+        # process that imports torch and vLLM again. Together about halve each engine start here (docs/performance.md).
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
 )
 RECIPE = "recipes/shapes/tiny_cpu_vllm_colocate.yaml"
