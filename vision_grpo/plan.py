@@ -31,6 +31,11 @@ from vision_grpo.config import RecipeError
 logger = logging.getLogger("vision_grpo.plan")
 GiB = 1024**3
 CARDS_GIB = (24, 48, 80, 141)
+# HF generate's phases, one after the other: the vision tower encodes every image of the call, the prefill runs the
+# prompts (their cache built), the decoding grows the cache by the completions. "generate" parts last through the
+# prefill and the decoding.
+GENERATION = ("encode", "prefill", "decode")
+PHASES = ("train", *GENERATION)
 SHIPPED_CONFIGS = Path(__file__).parent / "model_configs"
 DEFAULT_PROMPT_TEXT_TOKENS = 256  # an assumption, printed with the plan: system prompt + question, without images
 DEFAULT_IMAGE_PIXELS = 1003520  # transformers' Qwen2-VL image processor cap, used when a recipe sets no max_pixels
@@ -40,7 +45,7 @@ DEFAULT_IMAGE_PIXELS = 1003520  # transformers' Qwen2-VL image processor cap, us
 class Part:
     name: str
     bytes: float
-    phase: str  # "both", "train" (forward + backward of one micro-batch) or "generate"
+    phase: str  # "both", "train" (forward + backward of one micro-batch), or a generation phase (GENERATION)
     key: str  # the recipe key that changes it first
     note: str = ""
 
@@ -52,12 +57,18 @@ class Plan:
     parts: list[Part] = field(default_factory=list)
     vllm_share: float = 0.0  # vllm_gpu_memory_utilization of colocated vLLM: a share of whatever card it runs on
 
+    def in_phase(self, part: Part, phase: str) -> bool:
+        return part.phase in ("both", phase) or (part.phase == "generate" and phase in ("prefill", "decode"))
+
     def phase_total(self, phase: str) -> float:
-        return sum(p.bytes for p in self.parts if p.phase in ("both", phase))
+        return sum(p.bytes for p in self.parts if self.in_phase(p, phase))
+
+    def peak_phase(self) -> str:
+        return max(PHASES, key=self.phase_total)
 
     def total(self, card_bytes: float | None = None) -> float:
-        """Peak per rank: the larger of the generation and the training phase (plus vLLM's share of the card)."""
-        peak = max(self.phase_total("train"), self.phase_total("generate"))
+        """Peak per rank: the largest phase, training or one of generation's (plus vLLM's share of the card)."""
+        peak = self.phase_total(self.peak_phase())
         return peak + (self.vllm_share * card_bytes if card_bytes else 0.0)
 
     def fits(self, card_bytes: float) -> bool:
@@ -65,8 +76,8 @@ class Plan:
 
     def first_key(self, card_bytes: float | None = None) -> str:
         """The recipe key to change first: the one of the largest part of the phase that sets the peak."""
-        phase = "train" if self.phase_total("train") >= self.phase_total("generate") else "generate"
-        candidates = [p for p in self.parts if p.phase in ("both", phase)]
+        phase = self.peak_phase()
+        candidates = [p for p in self.parts if self.in_phase(p, phase)]
         if self.vllm_share and card_bytes:
             candidates.append(Part("vLLM", self.vllm_share * card_bytes, "both", "vllm_gpu_memory_utilization"))
         return max(candidates, key=lambda p: p.bytes).key
@@ -76,7 +87,9 @@ class Plan:
         out = [f"memory plan for {self.model} ({self.sizes}), per GPU rank:"]
         for p in self.parts:
             out.append(f"  {p.name:<44} {p.bytes / GiB:7.2f} GiB  [{p.phase}]  {p.note}".rstrip())
-        out.append(f"  {'peak (larger phase)':<44} {self.total() / GiB:7.2f} GiB")
+        phases = [p for p in PHASES if any(part.phase in (p, "generate") for part in self.parts) or p == "train"]
+        totals = ", ".join(f"{p} {self.phase_total(p) / GiB:.2f}" for p in phases)
+        out.append(f"  {f'peak ({self.peak_phase()} phase)':<44} {self.total() / GiB:7.2f} GiB  phases: {totals} GiB")
         if self.vllm_share:
             out.append(f"  + colocated vLLM: vllm_gpu_memory_utilization {self.vllm_share} of the card")
         for card in CARDS_GIB:
@@ -274,34 +287,21 @@ def build_plan(
     if training_args.use_vllm and training_args.vllm_mode == "colocate":
         plan.vllm_share = training_args.vllm_gpu_memory_utilization
     elif not training_args.use_vllm:
-        cache = generated * (
-            (prompt + completion) * mf.kv_cache_bytes_per_token(shape) + mf.linear_state_bytes_per_sequence(shape)
+        state = generated * mf.linear_state_bytes_per_sequence(shape)
+        prompts, completions = (generated * n * mf.kv_cache_bytes_per_token(shape) for n in (prompt, completion))
+        key = "steps_per_generation (fewer sequences per generate call) or use_vllm"
+        plan.parts.append(Part(f"generation cache, prompts ({generated} sequences)", prompts + state, "generate", key))
+        plan.parts.append(Part("generation cache, completions", completions, "decode", key))
+        # The vision tower encodes every image of the call, then the language model's prefill runs with the
+        # encoded images (and the pixel patches) alive
+        language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images_per_prompt * image_tokens * (
+            mf.image_bytes_per_image_token(shape)
         )
-        plan.parts.append(
-            Part(
-                f"generation cache (HF generate, {generated} sequences)",
-                cache,
-                "generate",
-                "steps_per_generation (fewer sequences per generate call) or use_vllm",
-            )
-        )
-        # The vision tower encodes every image of the call first; the language model's prefill then runs with the
-        # encoded images (and the pixel patches) alive. The larger of the two sets the part.
-        images = images_per_prompt * image_tokens
-        language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images * mf.image_bytes_per_image_token(shape)
         language = generated * language + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
         pixels = 3 * shape.temporal_patch * shape.patch**2
-        vision = generated * images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
-        prefill = max(language, vision)
-        plan.parts.append(
-            Part(
-                f"generation prefill ({'vision tower' if vision > language else 'language model'} peak)",
-                prefill,
-                "generate",
-                "steps_per_generation",
-                f"language model {language / GiB:.2f}, vision tower {vision / GiB:.2f}",
-            )
-        )
+        encode = generated * images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
+        plan.parts.append(Part("vision tower, encoding the call's images", encode, "encode", "max_pixels"))
+        plan.parts.append(Part("generation prefill (language model)", language, "prefill", "steps_per_generation"))
     return plan
 
 
