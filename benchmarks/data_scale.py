@@ -3,7 +3,7 @@ or a list of images per row) prepared by `get_dataset` in a fresh process per st
 `recipes/train.py` run on it.
 
     python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
-        [--train-steps 2] [--scratch DIR] [--json FILE] [--quick]
+        [--train-steps 2 [--token-check-samples 32]] [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
 
 Printed per size: seconds of the first start (the checking pass, including `datasets`' own conversion of the
 parquet file to its Arrow cache) and of the second (the cache read), rows/s of the pass, the process's peak RSS split
@@ -11,7 +11,8 @@ into its anonymous part (memory the process owns) and its file-backed part (page
 which the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with
 `--train-steps`, the training process's peak RSS and seconds from its start to its first step, first and second
 start. `--scratch` keeps the generated sources there (reused by a later call with the same settings); by default
-they live in a temporary folder that is removed.
+they live in a temporary folder that is removed. With `--reuse-cache` it keeps each size's datasets cache too, and a
+later call that finds it measures second starts only (a 20,000-row first start takes minutes).
 """
 
 from __future__ import annotations
@@ -125,14 +126,15 @@ def starts(folder: Path, cache: Path, count: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.output.strip().splitlines()[-count:]]
 
 
-def train(folder: Path, cache: Path, steps: int, run_dir: Path) -> dict[str, float]:
+def train(folder: Path, cache: Path, steps: int, run_dir: Path, token_checks: int) -> dict[str, float]:
     """A `steps`-step run of `recipes/train.py` on the source: its peak RSS and seconds from start to first step
     (model load included)."""
+    # The same pixel limit as the `get_dataset` starts (the tiny replica's processor would cap images far lower), so
+    # that training reads the cache they made. The recipe's `token_check_samples: -1` renders every prompt through
+    # the processor at the first start (rows x tens of ms): the default sample keeps this a measure of the data path.
     argv = ["recipes/train.py", "--config", str(RECIPE), *recipe_keys(folder), "--max_steps", str(steps),
-            "--output_dir", str(run_dir), "--save_strategy", "no",
-            # The recipe's -1 renders every prompt through the processor at every start (rows x tens of ms): the
-            # default sample keeps this a measure of the data path.
-            "--token_check_samples", "32"]  # fmt: skip
+            "--output_dir", str(run_dir), "--save_strategy", "no", "--max_pixels", str(MAX_PIXELS),
+            "--token_check_samples", str(token_checks)]  # fmt: skip
     env = {"HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     done = check(run_measured(argv, timeout=3600, env=env), "recipes/train.py")
     return {
@@ -150,26 +152,38 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
     name = source_name(rows, args.width, args.height, args.format, args.images)
     folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images)
     cache = scratch / f"cache-{name}"
-    shutil.rmtree(cache, ignore_errors=True)  # a first start finds nothing
+    reused = args.reuse_cache and cache.is_dir()
+    if not reused:
+        shutil.rmtree(cache, ignore_errors=True)  # a first start finds nothing
     # A second start is a fresh process, as a user's is; `--quick` saves the second import of the libraries.
-    first, second = (
-        starts(folder, cache, 2) if args.quick else (starts(folder, cache, 1)[0], starts(folder, cache, 1)[0])
-    )
+    if reused:
+        first, second = None, starts(folder, cache, 1)[0]
+    elif args.quick:
+        first, second = starts(folder, cache, 2)
+    else:
+        first, second = starts(folder, cache, 1)[0], starts(folder, cache, 1)[0]
     figures = {
         "rows": rows,
         "source_mb": (folder / "train.parquet").stat().st_size / 1e6,
         "first": first,
         "second": second,
-        "pass_rows_per_s": rows / first["seconds"],
+        "pass_rows_per_s": rows / first["seconds"] if first else None,
         "rows_cache_mb": disk_mb(cache / "vision_grpo_rows"),
         "source_arrow_mb": disk_mb(cache) - disk_mb(cache / "vision_grpo_rows"),
     }
     if args.train_steps:
-        shutil.rmtree(cache)
         runs = scratch / f"runs-{name}"
         shutil.rmtree(runs, ignore_errors=True)
-        figures["train"] = [train(folder, cache, args.train_steps, runs / order) for order in ("first", "second")]
-    shutil.rmtree(cache, ignore_errors=True)
+        if not reused:
+            shutil.rmtree(cache)
+            figures["train"] = [
+                train(folder, cache, args.train_steps, runs / order, args.token_check_samples)
+                for order in ("first", "second")
+            ]
+        else:
+            figures["train"] = [None, train(folder, cache, args.train_steps, runs / "second", args.token_check_samples)]
+    if not args.reuse_cache:
+        shutil.rmtree(cache, ignore_errors=True)
     return figures
 
 
@@ -179,17 +193,21 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = []
     for r in results:
         first, second = r["first"], r["second"]
-        rss = f"{first['peak_rss_mib']:.0f} ({first['peak_anon_mib']:.0f} + {first['peak_file_mib']:.0f}) / "
-        lines.append([r["rows"], f"{r['source_mb']:.0f}", f"{first['seconds']:.1f}", f"{r['pass_rows_per_s']:.0f}",
-                      f"{second['seconds']:.1f}", rss + f"{second['peak_rss_mib']:.0f}", f"{r['rows_cache_mb']:.1f}",
+        if first:
+            rss = f"{first['peak_rss_mib']:.0f} ({first['peak_anon_mib']:.0f} + {first['peak_file_mib']:.0f}) / "
+            first_s, rate = f"{first['seconds']:.1f}", f"{r['pass_rows_per_s']:.0f}"
+        else:  # --reuse-cache found the cache: no first start
+            rss, first_s, rate = "- / ", "-", "-"
+        lines.append([r["rows"], f"{r['source_mb']:.0f}", first_s, rate, f"{second['seconds']:.1f}",
+                      rss + f"{second['peak_rss_mib']:.0f}", f"{r['rows_cache_mb']:.1f}",
                       f"{r['source_arrow_mb']:.0f}"])  # fmt: skip
     text = markdown_table(header, lines)
     trained = [r for r in results if "train" in r]
     if trained:
         header = ["rows", "train peak RSS MiB (1st / 2nd)", "start to first step s (1st / 2nd)"]
         lines = [
-            [r["rows"], " / ".join(f"{t['peak_rss_mib']:.0f}" for t in r["train"]),
-             " / ".join(f"{t['to_first_step_s']:.1f}" for t in r["train"])]
+            [r["rows"], " / ".join(f"{t['peak_rss_mib']:.0f}" if t else "-" for t in r["train"]),
+             " / ".join(f"{t['to_first_step_s']:.1f}" if t else "-" for t in r["train"])]
             for r in trained
         ]  # fmt: skip
         text += "\n\n" + markdown_table(header, lines)
@@ -204,7 +222,16 @@ def main() -> None:
     parser.add_argument("--format", default="JPEG", choices=["JPEG", "PNG"])
     parser.add_argument("--images", type=int, default=1, help="images per row (2 or more: a list-of-images column)")
     parser.add_argument("--train-steps", type=int, default=0, help="also time recipes/train.py runs")
+    parser.add_argument(
+        "--token-check-samples", type=int, default=32, help="the training runs' token_check_samples (-1: every prompt)"
+    )
     parser.add_argument("--scratch", help="folder that keeps the generated sources (default: a temporary one)")
+    parser.add_argument(
+        "--reuse-cache",
+        action="store_true",
+        help="keep each size's datasets cache in --scratch; where one is already there, skip the first starts "
+        "(second starts only)",
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument(
         "--quick", action="store_true", help="run_all's smoke run: small images, both starts in one process"

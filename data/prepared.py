@@ -24,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
 logger = logging.getLogger(__name__)
 
 ERROR = "_error"  # the pass's column: None for a usable row, else why it is not (without its id)
 ROWS_CACHE = "vision_grpo_rows"
+# Bytes (uncompressed) of a parquet row group above which converting it costs enough memory to say so.
+LARGE_ROW_GROUP = 50_000_000
 
 
 def code_digest(*modules: Any) -> str:
@@ -69,6 +73,28 @@ def source_files(path: Path) -> list[Path]:
         suffixes = {".parquet", ".arrow", ".jsonl", ".json", ".csv"}
         return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
     return []
+
+
+def warn_large_row_groups(path: Path) -> None:
+    """Warn when a parquet file's largest row group is over `LARGE_ROW_GROUP` bytes: `datasets` converts a parquet
+    file to its Arrow cache reading one row group whole, so the memory of that conversion (the first start on a
+    machine) grows with the row group, whatever its batch size. Reads the file's footer only, never its data."""
+    metadata = pq.read_metadata(path)
+    groups = [metadata.row_group(index) for index in range(metadata.num_row_groups)]
+    largest = max(groups, key=lambda group: group.total_byte_size, default=None)
+    if largest is None or largest.total_byte_size <= LARGE_ROW_GROUP:
+        return
+    logger.warning(
+        "%s: its largest row group holds %d rows in %.0f MB (%d row group(s), %d rows); `datasets` reads a row group "
+        "whole when it converts the file to its Arrow cache (once per file), so that start needs several times this "
+        "in memory. Write the file in smaller row groups, e.g. "
+        "pyarrow.parquet.write_table(table, path, row_group_size=100)",
+        path,
+        largest.num_rows,
+        largest.total_byte_size / 1e6,
+        metadata.num_row_groups,
+        metadata.num_rows,
+    )
 
 
 def _sha256_file(path: Path) -> str:
@@ -135,13 +161,24 @@ def checked_rows(
     else:
         rate = len(source) / seconds if seconds > 0 else float("inf")
         logger.info("%s: %s checked %d rows (%.0f rows/s), cached in %s", what, who, len(source), rate, cache)
-    errors = list(checked[ERROR])
-    bad = [(str(row_id), error) for row_id, error in zip(checked["id"], errors, strict=True) if error is not None]
+    # Whole Arrow columns, not `checked[ERROR]`: that is a `datasets.Column`, which formats one row at a time.
+    table = checked.with_format("arrow")[:]
+    errors = table[ERROR]
+    bad_at = pc.indices_nonzero(pc.is_valid(errors))
+    ids, reasons = (pc.take(table[name], bad_at).to_pylist() for name in ("id", ERROR))
+    bad = [(str(row_id), reason) for row_id, reason in zip(ids, reasons, strict=True)]
     if keep:
         checked = _beside(checked, source, keep)
     if bad:
-        checked = checked.select([index for index, error in enumerate(errors) if error is None])
+        checked = checked.select(pc.indices_nonzero(pc.is_null(errors)))
     return checked.remove_columns(ERROR), bad
+
+
+def repeated_values(rows: datasets.Dataset, column: str) -> list[Any]:
+    """The values of `column` that occur more than once, in order of first occurrence; counted by Arrow over the
+    whole column, so that a start does not read the rows one by one."""
+    counts = pc.value_counts(rows.with_format("arrow")[column])
+    return counts.filter(pc.greater(counts.field("counts"), 1)).field("values").to_pylist()
 
 
 def _beside(rows: datasets.Dataset, source: datasets.Dataset, columns: dict[str, str]) -> datasets.Dataset:

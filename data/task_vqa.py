@@ -13,7 +13,6 @@ of images for the template) is an error naming its id; with `skip_bad_rows` it i
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -150,6 +149,8 @@ def _read_file(path: Path) -> datasets.Dataset:
     line = _first_non_utf8_line(path) if kinds[path.suffix] == "json" else None
     if line is not None:
         raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8")
+    if kinds[path.suffix] == "parquet":
+        prepared.warn_large_row_groups(path)
     return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
 
 
@@ -306,8 +307,8 @@ def _missing_columns(task_args: Any, source: datasets.Dataset, name: str) -> Non
     )
 
 
-def _refuse_repeated_ids(ids: list[str], where: str) -> None:
-    repeated = [row_id for row_id, count in collections.Counter(ids).items() if count > 1]
+def _refuse_repeated_ids(rows: datasets.Dataset, where: str) -> None:
+    repeated = prepared.repeated_values(rows, "id")
     if repeated:
         raise VQADataError(
             f"{where}: {len(repeated)} id(s) appear more than once (e.g. {', '.join(map(repr, repeated[:5]))}); "
@@ -353,7 +354,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad))
     if not len(rows):
         return datasets.Dataset.from_dict({"id": []})
-    _refuse_repeated_ids(list(rows["id"]), where)
+    _refuse_repeated_ids(rows, where)
     decode = functools.partial(_decode, column=target, folder=task_args.vqa_image_folder, max_pixels=max_pixels)
     return prepared.decode_on_access(rows, decode)
 

@@ -4,16 +4,31 @@ A processor from another family, a pixel limit that did not take effect, or a ch
 slot twice (or not at all) all train without an error message on some paths and silently misalign image features on
 others. `check_visual_tokens` renders sample prompts exactly as training does and checks them against the *model's*
 config, not against the processor itself, naming the first row that fails.
+
+Checking every prompt (`samples: -1`) renders each one through the processor, tens of milliseconds a row: it is done
+once per dataset, processor and model, and remembered under the `datasets` cache (beside the checked rows, see
+data/prepared.py); a later start with the same ones checks a sample.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import datasets
+from datasets.fingerprint import Hasher
 from tqdm.auto import tqdm
 
+from vision_grpo.data import prepared, prompts_and_images
 from vision_grpo.data.prompts_and_images import fill_image
+
+logger = logging.getLogger(__name__)
+
+RECHECK_SAMPLES = 32  # prompts a later start checks once every prompt was checked with the same key
 
 
 class VisualTokenMismatch(ValueError):
@@ -70,14 +85,70 @@ def check_visual_tokens(
     chat_template_kwargs: dict,
     pixel_limits: tuple[int | None, int | None] = (None, None),
 ) -> int:
-    """Render `samples` prompts (-1: all) as training does and check each against the model: the processor's
-    patches fit the vision tower, the image tokens in the prompt equal the features the tower produces, the count an
-    inference server would compute agrees, and the image stays inside the recipe's `pixel_limits`.
+    """Render `samples` prompts as training does and check each against the model: the processor's patches fit the
+    vision tower, the image tokens in the prompt equal the features the tower produces, the count an inference
+    server would compute agrees, and the image stays inside the recipe's `pixel_limits`.
 
-    Returns the number of prompts checked; raises `VisualTokenMismatch` naming the first row that fails.
+    `samples: -1` checks every prompt once per rows, processor, model, template arguments and limits; a later start
+    with all of them the same checks the first `RECHECK_SAMPLES`. Returns the number of prompts checked now; raises
+    `VisualTokenMismatch` naming the first row that fails.
     """
-    count = len(dataset) if samples < 0 else min(samples, len(dataset))
-    # Every prompt of a real GeoQA recipe (3,503, `token_check_samples: -1`) takes a while: show it.
+    if samples >= 0:
+        return _check_rows(
+            dataset, min(samples, len(dataset)), processor, model_config, chat_template_kwargs, pixel_limits
+        )
+    record = _record_path(dataset, processor, model_config, chat_template_kwargs, pixel_limits)
+    if record.is_file():
+        count = min(RECHECK_SAMPLES, len(dataset))
+        logger.info(
+            "image tokens of all %d prompts were checked at an earlier start with this processor and model (%s); "
+            "checking %d now",
+            len(dataset),
+            record,
+            count,
+        )
+        return _check_rows(dataset, count, processor, model_config, chat_template_kwargs, pixel_limits)
+    checked = _check_rows(dataset, len(dataset), processor, model_config, chat_template_kwargs, pixel_limits)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    temporary = record.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"prompts_checked": checked}))
+    temporary.replace(record)  # only once every prompt passed: an interrupted check leaves nothing
+    return checked
+
+
+def _record_path(
+    dataset: datasets.Dataset, processor: Any, model_config: Any, chat_template_kwargs: dict, pixel_limits: tuple
+) -> Path:
+    """Where a complete check is remembered, keyed by everything that decides its outcome: the rows (their `datasets`
+    fingerprint: source, recipe keys and the code that built them), the processor's image settings, chat template and
+    tokenizer, the model's config, the template arguments, the limits and this check's code."""
+    tokenizer = processor.tokenizer
+    image_token = getattr(processor, "image_token", None)
+    key = Hasher.hash(
+        [
+            dataset._fingerprint,
+            processor.image_processor.to_dict(),
+            getattr(processor, "chat_template", None),
+            [tokenizer.name_or_path, len(tokenizer), image_token, tokenizer.convert_tokens_to_ids(image_token)],
+            model_config.to_dict(),
+            chat_template_kwargs,
+            list(pixel_limits),
+            prepared.code_digest(sys.modules[__name__], prompts_and_images),
+        ]
+    )
+    return Path(datasets.config.HF_DATASETS_CACHE) / prepared.ROWS_CACHE / "token_checks" / f"{key}.json"
+
+
+def _check_rows(
+    dataset: datasets.Dataset,
+    count: int,
+    processor: Any,
+    model_config: Any,
+    chat_template_kwargs: dict,
+    pixel_limits: tuple,
+) -> int:
+    """The first `count` rows checked; returns `count`."""
+    # Every prompt of a real GeoQA recipe (3,503) takes a while: show it.
     rows = tqdm(dataset.select(range(count)), desc="checking image tokens", disable=count < 1000)
     for row in rows:
         image = row["images"] if "images" in row else row["image"]
