@@ -91,7 +91,7 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
     evaluation = json.loads((tmp_path / "eval_throughput.json").read_text())
     assert evaluation["base batch 8"]["same_answers_as_batch_1"] == evaluation["items"]  # batching changes nothing
     scaling = json.loads((tmp_path / "memory_scaling.json").read_text())
-    assert len(scaling["train"]) >= 3 and scaling["evaluator"]["peak_rss_mib"] > 100
+    assert len(scaling["train"]) >= 2 and scaling["evaluator"]["peak_rss_mib"] > 100
     summary = process.stdout.split("=== summary", 1)[1]
     for figure in ("ours / bare TRL", "batched / one at a time", "peak RSS, evaluator", "dataset preparation"):
         assert figure in summary

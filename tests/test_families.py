@@ -9,6 +9,8 @@ Each run overrides only what a CPU cannot do without, named where it is passed: 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,27 +56,59 @@ def data_overrides(recipe: str, fixture: Path) -> list[str]:
     return ["--shapes_train_size", "16", "--shapes_eval_size", "8"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("recipe", "replica"), GPU_RECIPES, ids=[recipe for recipe, _ in GPU_RECIPES])
-def test_gpu_recipe_trains_on_its_replica_and_its_adapter_evaluates(
-    recipe: str, replica: str, geoqa_fixture: Path, tmp_path: Path
-) -> None:
-    common = ["--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, geoqa_fixture)]
-    # Everything else stays the recipe's: LoRA r32, 8 x 8 completions per step in 8 micro-batches, the loss, the
-    # rewards, the chat-template switches; only the completions are shorter and the run 2 steps long (time).
-    train = [*common, *CPU_OVERRIDES, "--max_completion_length", "16", "--max_steps", "2", "--save_steps", "1"]
-    run_script(["recipes/train.py", *train, "--output_dir", str(tmp_path / "runs"), "--run_name", "r"], timeout=900)
-    run_dir = tmp_path / "runs" / "r"
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["ended"] and manifest["global_step"] == 2
-    assert (run_dir / "adapter_model.safetensors").is_file() and (run_dir / "checkpoint-2").is_dir()
+@dataclass
+class RecipeRun:
+    """A GPU recipe trained on its replica and its last checkpoint evaluated; what every generation started from."""
 
-    output = tmp_path / "eval.json"
+    recipe: str
+    replica: str
+    run_dir: Path
+    evaluation: dict
+    generations: list[dict]
+
+
+def train_and_evaluate(recipe: str, replica: str, fixture: Path, root: Path) -> RecipeRun:
+    """`recipe` through the entry point, run unchanged but recorded, with the vision special tokens' logits pushed
+    up by +50 (a model that is not prevented from sampling them does); then its checkpoint through eval/evaluate.py.
+    Everything else stays the recipe's: LoRA r32, 8 x 8 completions per step in 8 micro-batches, the loss, the
+    rewards, the chat-template switches; only the completions are shorter and the run 2 steps long (time)."""
+    common = ["--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, fixture)]
+    records = root / "records"
+    records.mkdir()
+    train = [str(RECORDING / "train_recorded.py"), *common, *CPU_OVERRIDES, "--max_completion_length", "16"]
+    train += ["--max_steps", "2", "--save_steps", "1", "--output_dir", str(root / "runs"), "--run_name", "r"]
+    run_script(train, timeout=900, env={RECORD_ENV: str(records), FORCE_ENV: "1"})
+    run_dir = root / "runs" / "r"
+    output = root / "eval.json"
     evaluate = [*common, "--bf16", "false", "--adapter", str(run_dir / "checkpoint-2"), "--limit", "4"]
     run_script(["eval/evaluate.py", *evaluate, "--max_new_tokens", "16", "--output", str(output)], timeout=600)
-    result = json.loads(output.read_text())
-    assert result["metadata"]["adapter"] == str(run_dir / "checkpoint-2")
-    assert len(result["records"]) == 4 and all(0 <= r["completion_tokens"] <= 16 for r in result["records"])
+    evaluation = json.loads(output.read_text())
+    return RecipeRun(recipe, replica, run_dir, evaluation, read_records(records, "generation"))
+
+
+@pytest.fixture(scope="module")
+def recipe_run(geoqa_fixture: Path, tmp_path_factory) -> Callable[[str, str], RecipeRun]:
+    """Each GPU recipe's run, trained and evaluated once however many tests read it."""
+    done: dict[str, RecipeRun] = {}
+
+    def run(recipe: str, replica: str) -> RecipeRun:
+        if recipe not in done:
+            done[recipe] = train_and_evaluate(recipe, replica, geoqa_fixture, tmp_path_factory.mktemp("recipe"))
+        return done[recipe]
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("recipe", "replica"), GPU_RECIPES, ids=[recipe for recipe, _ in GPU_RECIPES])
+def test_gpu_recipe_trains_on_its_replica_and_its_adapter_evaluates(recipe: str, replica: str, recipe_run) -> None:
+    run = recipe_run(recipe, replica)
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert manifest["ended"] and manifest["global_step"] == 2
+    assert (run.run_dir / "adapter_model.safetensors").is_file() and (run.run_dir / "checkpoint-2").is_dir()
+    assert run.evaluation["metadata"]["adapter"] == str(run.run_dir / "checkpoint-2")
+    records = run.evaluation["records"]
+    assert len(records) == 4 and all(0 <= r["completion_tokens"] <= 16 for r in records)
 
 
 @pytest.mark.slow
@@ -121,40 +155,26 @@ def test_each_family_trains_and_evaluates_in_bf16_on_cpu(replica: str, tmp_path:
 GEOQA_RECIPES = [(recipe, replica) for recipe, replica in GPU_RECIPES if "geoqa" in recipe]
 
 
-@pytest.fixture(scope="module", params=GEOQA_RECIPES, ids=[replica for _, replica in GEOQA_RECIPES])
-def forced_run(request, geoqa_fixture: Path, tmp_path_factory) -> tuple[str, str, Path, list[dict]]:
-    """One recorded step of each family's GeoQA recipe on its replica, the vision special tokens' logits pushed up
-    by +50. Besides the CPU overrides: 8-token completions and 1 step (time)."""
-    (recipe, replica), root = request.param, tmp_path_factory.mktemp("forced")
-    records = root / "records"
-    records.mkdir()
-    args = [
-        str(RECORDING / "train_recorded.py"),
-        *("--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, geoqa_fixture)),
-        *CPU_OVERRIDES,
-        *("--output_dir", str(root / "runs"), "--run_name", "forced"),
-        *("--max_steps", "1", "--save_strategy", "no", "--max_completion_length", "8"),
-    ]
-    run_script(args, timeout=600, env={RECORD_ENV: str(records), FORCE_ENV: "1"})
-    return recipe, replica, geoqa_fixture, read_records(records, "generation")
-
-
 @pytest.mark.slow
-def test_training_never_samples_a_vision_token_even_when_the_model_prefers_them(forced_run) -> None:
-    _, replica, _, generations = forced_run
+@pytest.mark.parametrize(("recipe", "replica"), GEOQA_RECIPES, ids=[replica for _, replica in GEOQA_RECIPES])
+def test_training_never_samples_a_vision_token_even_when_the_model_prefers_them(recipe, replica, recipe_run) -> None:
+    generations = recipe_run(recipe, replica).generations
     processor = get_processor(ModelConfig(model_name_or_path=replica), TaskArguments())
     vision_ids = set(vision_special_token_ids(processor.tokenizer))
     completions = [ids for generation in generations for ids in generation["completion_ids"]]
-    assert len(completions) == 64  # the recipe's 8 questions x 8 completions: the step finished
+    assert len(completions) == 2 * 64  # the recipe's 8 questions x 8 completions at each of the 2 steps
     assert not any(vision_ids & set(ids) for ids in completions)
 
 
 @pytest.mark.slow
-def test_the_evaluator_generates_from_the_prompt_ids_training_generated_from(forced_run) -> None:
+@pytest.mark.parametrize(("recipe", "replica"), GEOQA_RECIPES, ids=[replica for _, replica in GEOQA_RECIPES])
+def test_the_evaluator_generates_from_the_prompt_ids_training_generated_from(
+    recipe, replica, recipe_run, geoqa_fixture: Path
+) -> None:
     """For each prompt TRL fed the policy, the evaluator builds the very same token ids from the same row."""
-    recipe, replica, fixture, generations = forced_run
-    argv = ["--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, fixture), *CPU_OVERRIDES]
-    task_args, train_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
+    generations = recipe_run(recipe, replica).generations
+    argv = ["--config", recipe, "--model_name_or_path", replica, *data_overrides(recipe, geoqa_fixture)]
+    task_args, train_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), [*argv, *CPU_OVERRIDES])
     processor = get_processor(model_args, task_args)
     evaluator = Evaluator(load_model(model_args), processor, "geoqa", [], train_args.chat_template_kwargs or {})
     dataset = get_dataset(task_args, "train", max_pixels_of(processor))
