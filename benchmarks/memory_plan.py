@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import markdown_table, report
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Its folder (for `common`) and the repository: also when run by runpy, which puts neither on the path
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from common import markdown_table, report  # noqa: E402
+
 from vision_grpo import memory_formulas as mf  # noqa: E402
 from vision_grpo.modeling import VISION_MODULE_PATTERN  # noqa: E402
 from vision_grpo.plan import SHIPPED_CONFIGS, parameter_counts  # noqa: E402
