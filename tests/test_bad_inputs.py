@@ -364,7 +364,9 @@ def test_hostile_completions_get_a_number_from_every_builtin_reward(text: str) -
         start = time.perf_counter()
         (value,) = func(completions=[[{"role": "assistant", "content": text}]], **COLUMNS)
         assert value is None or math.isfinite(value), func.__name__
-        assert time.perf_counter() - start < 2.0, func.__name__
+        # A hang guard, not a speed figure: each call takes milliseconds, a pattern that backtracks over these
+        # 70-200k characters takes minutes; a bound near the real time failed on a loaded machine (2.09 s).
+        assert time.perf_counter() - start < 30.0, func.__name__
 
 
 @pytest.mark.slow
