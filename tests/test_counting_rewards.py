@@ -126,7 +126,7 @@ ZERO = {"empty", "whitespace", "100k letters", "image pads", "unclosed boxes"}
 def test_hostile_completions_do_not_crash(name: str) -> None:
     start = time.perf_counter()
     scores = parts(EVERY_REWARD, HOSTILE[name])
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 30.0  # a hang guard (a backtracking pattern takes minutes), not a speed figure
     assert all(isinstance(score, float) for score in scores)
     if name in ZERO:
         assert scores == [0.0] * len(EVERY_REWARD)
