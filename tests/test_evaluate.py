@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -341,32 +342,31 @@ def test_a_partial_file_cut_inside_a_character_resumes_from_its_complete_lines(t
     assert set(evaluate.read_partial(partial, {"model": "m"})) == {"r0", "r1"}
 
 
-HOLDER = """
-import sys
-from pathlib import Path
-from vision_grpo.eval.evaluate import hold_output
-
-with hold_output(Path(sys.argv[1])):
-    print("held", flush=True)
-    sys.stdin.read()  # until the test closes stdin
-"""
+def _hold(output: str, held, release) -> None:
+    """A process holding the output as a running evaluation does, until told to let go."""
+    with evaluate.hold_output(Path(output)):
+        held.set()
+        release.wait(60)
 
 
 def test_a_second_evaluation_of_one_output_fails_at_once_naming_the_first(tmp_path: Path) -> None:
     """Two real processes: one holds the output (as a running evaluation does); the second evaluation stops before
-    loading anything and writes nothing; the lock file goes with its holder."""
+    loading anything and writes nothing; the lock file goes with its holder. The holder is a fork of this process,
+    which has imported the evaluator already (a fresh interpreter spends seconds importing it)."""
     output = tmp_path / "eval.json"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(output)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    context = multiprocessing.get_context("fork")
+    held, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(output), held, release))
+    holder.start()
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert held.wait(60), "the holder never took the lock"
         second = run_script(["eval/evaluate.py", "--config", SHAPES_RECIPE, "--output", str(output)], check=False)
     finally:
-        holder.communicate(timeout=60)
+        release.set()
+        holder.join(60)
     assert second.returncode == 1
     assert f"another evaluation (pid {holder.pid}) is writing {output}" in second.stderr.strip().splitlines()[-1]
-    assert holder.returncode == 0 and list(tmp_path.iterdir()) == [], "the lock file or a partial file was left"
+    assert holder.exitcode == 0 and list(tmp_path.iterdir()) == [], "the lock file or a partial file was left"
 
 
 @pytest.mark.slow
