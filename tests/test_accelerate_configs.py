@@ -211,8 +211,9 @@ def test_the_vllm_server_command_matches_the_recipe(recipe: Path) -> None:
         assert processes == len(training_gpus), "one training process per visible GPU"
 
 
-def test_vllm_recipes_parse_and_our_code_imports_without_vllm() -> None:
-    """In a fresh interpreter, so that no other test's imports hide an import of vLLM."""
+def test_vllm_recipes_parse_and_our_code_imports_without_vllm(tmp_path: Path) -> None:
+    """In a process of its own (a fork of the suite's preloaded libraries, none of ours), so that no other test's
+    imports hide an import of vLLM."""
     code = (
         "import runpy, sys\n"
         "from trl import GRPOConfig, ModelConfig\n"
@@ -226,6 +227,8 @@ def test_vllm_recipes_parse_and_our_code_imports_without_vllm() -> None:
         "assert 'vllm' not in sys.modules, 'vllm was imported'\n"
         "print('ok', len(sys.argv) - 1)\n"
     )
-    result = run_script(["-c", code, *map(str, VLLM_RECIPES)], timeout=300)
+    script = tmp_path / "imports_without_vllm.py"
+    script.write_text(code)
+    result = run_script([str(script), *map(str, VLLM_RECIPES)], timeout=300)
     assert f"ok {len(VLLM_RECIPES)}" in result.stdout
     assert len(VLLM_RECIPES) >= 2

@@ -11,8 +11,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import uuid
@@ -20,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import run_script
 
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
 from vision_grpo.stopping import GracefulStop, StopRequested
@@ -210,7 +208,7 @@ def test_a_file_dropped_into_the_rewards_folder_needs_no_other_edit(builtin_plug
     assert func(completions=COMPLETIONS) == [0.25, 0.25]
 
 
-def test_importing_the_folders_from_the_repository_root_shares_one_registry() -> None:
+def test_importing_the_folders_from_the_repository_root_shares_one_registry(tmp_path: Path) -> None:
     """`import rewards` (a script run from the repository root) and `vision_grpo.rewards` are one registry."""
     code = (
         "import sys; sys.path.insert(0, '.'); import rewards, data, vision_grpo.rewards, vision_grpo.tasks\n"
@@ -221,8 +219,9 @@ def test_importing_the_folders_from_the_repository_root_shares_one_registry() ->
         "assert 'shapes' in vision_grpo.tasks.discover()\n"
         "print('one registry')"
     )
-    process = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert process.returncode == 0, process.stderr[-2000:]
+    script = tmp_path / "one_registry.py"
+    script.write_text(code)
+    process = run_script([str(script)], timeout=120)  # a process of its own: none of our modules imported yet
     assert "one registry" in process.stdout
 
 
