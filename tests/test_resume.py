@@ -30,7 +30,7 @@ from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import RecipeError
 from vision_grpo.recipe_run import TRAINER_STATE, RecipeRun, RunConflict, resume_checkpoint
-from vision_grpo.runs import dataset_identity, write_checksums, write_run_start
+from vision_grpo.runs import CHECKSUMS, dataset_identity, write_checksums, write_run_start
 from vision_grpo.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
@@ -162,7 +162,7 @@ def earlier_run(tmp_path: Path, argv: list[str]) -> Path:
         configs = (run.task_args, run.training_args, run.model_args)
         facts = {"dataset": dataset_identity(run.task_args), "model_weights": run.model_weights}
         write_run_start(run.run_dir, run.recipe_path, argv, configs, **facts)
-        make_checkpoint(run.run_dir, 2)
+        write_checksums(make_checkpoint(run.run_dir, 2))  # as CheckpointChecksums leaves it after the save
     return run.run_dir
 
 
@@ -369,6 +369,28 @@ def test_a_damaged_newest_checkpoint_is_named_and_last_falls_back(
     assert f"skipping {newest}: it has {named}" in caplog.text
     with pytest.raises(FileNotFoundError, match=r"checkpoint-4 has .*adapter_model.safetensors"):
         resume_checkpoint(str(newest), tmp_path)
+
+
+def test_a_checkpoint_without_its_checksums_is_not_resumed_unverified(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting checksums.json must not make a damaged checkpoint pass: in a run whose manifest says its checkpoints
+    carry checksums, one without them is skipped by `last` and refused by path; a run folder from before checksums
+    were recorded resumes as it did."""
+    write_run_start(tmp_path, None, [], ())
+    previous = saved_checkpoint(tmp_path, 2)
+    newest = saved_checkpoint(tmp_path, 4)
+    (newest / "adapter_model.safetensors").write_bytes(bytes(20480))  # damaged, same size ...
+    (newest / CHECKSUMS).unlink()  # ... and what would have named it deleted
+    with caplog.at_level(logging.WARNING):
+        assert resume_checkpoint("last", tmp_path) == str(previous)
+    assert f"skipping {newest}: it has no checksums.json, so its files cannot be verified" in caplog.text
+    with pytest.raises(FileNotFoundError, match=r"checkpoint-4 has no checksums.json"):
+        resume_checkpoint(str(newest), tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["checkpoint_checksums"]  # as a run started before checksums were recorded has it
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert resume_checkpoint("last", tmp_path) == str(newest)
 
 
 def test_a_truncated_optimizer_is_named(tmp_path: Path) -> None:

@@ -203,6 +203,9 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
         "packages": package_versions(),
         "git": git_state(),
         "hardware": _hardware(),
+        # Every checkpoint of this run gets a checksums.json (CheckpointChecksums), so one without it is not resumed
+        # unverified; a run started before checksums were recorded keeps its own answer.
+        "checkpoint_checksums": True if earlier is None else earlier.get("checkpoint_checksums", False),
         **extra,
     }
     _write_json(run_dir / "manifest.json", manifest)
@@ -398,10 +401,13 @@ def write_checksums(checkpoint: Path) -> None:
 
 def checksum_fault(checkpoint: Path) -> str | None:
     """The first file of `checkpoint` that is missing, cut short or changed since it was saved, or None (also for a
-    checkpoint saved before checksums were recorded: nothing to compare)."""
+    checkpoint of a run started before checksums were recorded: nothing to compare). In a run folder whose manifest
+    says its checkpoints carry checksums, a checkpoint without them is a fault: its files cannot be verified (the
+    save was cut before they were written, or they were deleted)."""
     path = checkpoint / CHECKSUMS
     if not path.is_file():
-        return None
+        manifest = read_manifest(checkpoint.parent) or {}
+        return f"no {CHECKSUMS}, so its files cannot be verified" if manifest.get("checkpoint_checksums") else None
     try:
         sums = json.loads(path.read_bytes())
     except ValueError:
