@@ -13,7 +13,6 @@ folder, or a folder written by `prepare` (below), so offline clusters and the te
 from __future__ import annotations
 
 import argparse
-import collections
 import io
 import json
 import logging
@@ -22,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.compute as pc
 from PIL import Image, UnidentifiedImageError
 
-from vision_grpo.data import report_unused
+from vision_grpo.data import prepared, report_unused
 from vision_grpo.data.prompts_and_images import (
     ImageTooLarge,
     RowRefused,
@@ -161,8 +161,7 @@ def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
 def _check_unique_ids(dataset: datasets.Dataset, source: str) -> datasets.Dataset:
     """Refuse a source whose ids repeat: two copies of the data in one folder would train on every row twice and
     make the fixed subset ambiguous."""
-    counts = collections.Counter(dataset["id"])
-    repeated = [row_id for row_id, count in counts.items() if count > 1]
+    repeated = prepared.repeated_values(dataset, "id")
     if repeated:
         path = Path(source).expanduser()
         files = sorted(str(p.relative_to(path)) for p in path.rglob("*.parquet")) if path.is_dir() else []
@@ -177,7 +176,8 @@ def _check_unique_ids(dataset: datasets.Dataset, source: str) -> datasets.Datase
 def log_unused_rows(dataset: datasets.Dataset, source: str) -> dict[str, int]:
     """Count the rows neither trained on nor evaluated, by reason, and say so: `val` rows (the seed uses none) and
     rows whose `original_split` is missing or unknown (named by id, since they are probably a data error)."""
-    splits = collections.Counter(dataset["original_split"])
+    counted = pc.value_counts(dataset.with_format("arrow")["original_split"])  # not one row at a time
+    splits = dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist(), strict=True))
     unknown = {split: n for split, n in splits.items() if split not in ("train", "test", "val")}
     counts = {"val (unused by the seed)": splits.get("val", 0), "no or unknown original_split": sum(unknown.values())}
     if counts["no or unknown original_split"]:
