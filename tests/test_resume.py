@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -30,7 +31,7 @@ from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.config import RecipeError
 from vision_grpo.recipe_run import TRAINER_STATE, RecipeRun, RunConflict, resume_checkpoint
-from vision_grpo.runs import CHECKSUMS, dataset_identity, write_checksums, write_run_start
+from vision_grpo.runs import CHECKSUMS, dataset_identity, hold_lock, write_checksums, write_run_start
 from vision_grpo.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
@@ -256,29 +257,28 @@ def test_two_runs_in_one_folder_at_once_are_refused_naming_the_holder(tmp_path: 
         pass
 
 
+def _hold_lock(path: str, held) -> None:
+    """A run holding its folder's lock, until it is killed."""
+    with hold_lock(Path(path), RuntimeError):
+        held.set()
+        time.sleep(600)
+
+
 def test_a_lock_left_by_a_killed_run_is_recognised_as_stale(tmp_path: Path) -> None:
+    """The holder is a fork of this process (a fresh interpreter spends seconds importing torch for `runs`)."""
     argv = training_args(tmp_path, "crashed")[1:]
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "runs" / ".crashed.lock")], stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout.readline().strip() == "held"
+    context = multiprocessing.get_context("fork")
+    held = context.Event()
+    holder = context.Process(target=_hold_lock, args=(str(tmp_path / "runs" / ".crashed.lock"), held))
+    holder.start()
+    assert held.wait(60), "the holder never took the lock"
     with pytest.raises(RunConflict, match=rf"in use by another run \(pid {holder.pid}\)"):
         RecipeRun.start(GRPOConfig, argv)
-    holder.kill()
-    holder.wait()
+    holder.kill()  # SIGKILL: no clean-up runs
+    holder.join()
     assert (tmp_path / "runs" / ".crashed.lock").read_text() == str(holder.pid)  # the dead holder's file remains
     with RecipeRun.start(GRPOConfig, argv) as run:
         assert run.run_dir == tmp_path / "runs" / "crashed"
-
-
-HOLD_LOCK = """
-import sys, time
-from pathlib import Path
-from vision_grpo.runs import hold_lock
-with hold_lock(Path(sys.argv[1]), RuntimeError):
-    print("held", flush=True)
-    time.sleep(600)
-"""
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_leaves_a_folder_the_same_command_reuses(
