@@ -49,7 +49,11 @@ class BaseTaskArguments:
     min_pixels: int | None = field(default=None, metadata={"help": "Processor's lower pixel limit per image."})
     max_pixels: int | None = field(default=None, metadata={"help": "Processor's upper pixel limit per image."})
     token_check_samples: int = field(
-        default=32, metadata={"help": "Prompts whose image-token count is checked before training (-1: all)."}
+        default=32,
+        metadata={
+            "help": "Prompts whose image-token count is checked before training (-1: all of them at the first start "
+            "with these rows, processor and model, then a sample of 32)."
+        },
     )
     # Rewards.
     reward_funcs: list[str] | None = field(
