@@ -1,4 +1,4 @@
-"""`make demo`: two GRPO experiments on the embedded default, offline on a CPU, in about eight minutes.
+"""`make demo`: two GRPO experiments on the embedded default, offline on a CPU (docs/demo.md says how long).
 
 1. Format: a supervised warm start on a mix of answer forms (recipes/shapes/tiny_sft.yaml) -> GRPO. The warm start can
    count but mostly does not finish with the boxed answer the reward requires; GRPO teaches the format.
