@@ -303,7 +303,7 @@ def check_row(row: dict[str, Any]) -> Image.Image:
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
             raise GeoQADataError(f"image does not decode ({error})") from error
         try:
-            check_aspect_ratio(decoded)
+            check_aspect_ratio(decoded.size)
         except RowRefused as error:
             raise GeoQADataError(str(error)) from error
         return decoded

@@ -47,9 +47,10 @@ class RowRefused(ValueError):
     """A row the processor would refuse or the tokenizer misread later (at a training step or evaluation batch)."""
 
 
-def check_aspect_ratio(image: Image.Image) -> None:
-    """Refuse an image whose sides differ by more than `MAX_ASPECT_RATIO` times, before the processor does."""
-    width, height = image.size
+def check_aspect_ratio(size: tuple[int, int]) -> None:
+    """Refuse an image of `size` (width, height) whose sides differ by more than `MAX_ASPECT_RATIO` times, before
+    the processor does."""
+    width, height = size
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         raise RowRefused(
             f"image of {width}x{height} pixels has an aspect ratio above {MAX_ASPECT_RATIO}, which Qwen-VL's "
@@ -135,27 +136,63 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def capped_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """The size `normalize_image` gives an upright image of `width` x `height`: itself within `max_pixels`, else
+    shrunk to fit with its aspect ratio kept. The one place this arithmetic lives, so that the checking pass (which
+    asks for the size without resizing) and the rows training reads cannot disagree."""
+    if width * height <= max_pixels:
+        return width, height
+    factor = math.sqrt(max_pixels / (width * height))
+    new_width, new_height = max(1, math.floor(width * factor)), max(1, math.floor(height * factor))
+    # A side clamped to 1 pixel (extreme aspect ratios) leaves the other side to respect the limit alone.
+    if new_width * new_height > max_pixels:
+        if new_width > new_height:
+            new_width = max_pixels // new_height
+        else:
+            new_height = max_pixels // new_width
+    return new_width, new_height
+
+
+def _upright_rgb(image: Image.Image) -> Image.Image:
+    """The image decoded (its header's size checked first), EXIF orientation applied, converted to RGB on white."""
+    check_decode_size(image)
+    return _to_rgb(ImageOps.exif_transpose(image))
+
+
 def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
     """EXIF orientation applied, any mode to RGB on white, and at most `max_pixels` pixels (aspect kept).
 
     The processor resizes again to its patch grid; shrinking here first keeps huge inputs from costing memory and
     makes the number of image tokens depend only on what this function returns.
     """
-    check_decode_size(image)
-    image = ImageOps.exif_transpose(image)
-    image = _to_rgb(image)
-    width, height = image.size
-    if width * height > max_pixels:
-        factor = math.sqrt(max_pixels / (width * height))
-        new_width, new_height = max(1, math.floor(width * factor)), max(1, math.floor(height * factor))
-        # A side clamped to 1 pixel (extreme aspect ratios) leaves the other side to respect the limit alone.
-        if new_width * new_height > max_pixels:
-            if new_width > new_height:
-                new_width = max_pixels // new_height
-            else:
-                new_height = max_pixels // new_width
-        image = image.resize((new_width, new_height), Image.Resampling.BICUBIC)
-    return image
+    image = _upright_rgb(image)
+    size = capped_size(image.width, image.height, max_pixels)
+    return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
+
+
+def normalized_size(image: Image.Image, max_pixels: int) -> tuple[int, int]:
+    """The size `normalize_image(image, max_pixels)` returns, and every way it can fail (the decode-size limit, a
+    file that does not decode, a mode that does not convert), without its resize: a checking pass needs the size
+    training will see, and resizing a megapixel image costs several times decoding it."""
+    upright = _upright_rgb(image)
+    return capped_size(upright.width, upright.height, max_pixels)
+
+
+def checked_prompt(
+    example_id: str, text: str, sizes: list[tuple[int, int]], image_position: ImagePosition
+) -> list[dict[str, Any]]:
+    """The prompt of a row whose normalised images have `sizes`, once the row passes what the processor and the
+    tokenizer would refuse later (an aspect ratio, a special token in the text, slots that do not match the images);
+    a refusal names the example."""
+    try:
+        for size in sizes:
+            check_aspect_ratio(size)
+        token = special_token_in(text.replace(IMAGE_SLOT, ""))
+        if token:
+            raise RowRefused(f"its text holds the special token {token}, which the tokenizer would read as control")
+        return build_messages(text, image_position, len(sizes))
+    except ValueError as error:
+        raise RowRefused(f"example {example_id}: {error}") from None
 
 
 def make_example(
@@ -175,14 +212,6 @@ def make_example(
     """
     several = isinstance(image, list)
     images = [normalize_image(each, max_pixels) for each in (image if several else [image])]
-    try:
-        for each in images:
-            check_aspect_ratio(each)
-        token = special_token_in(text.replace(IMAGE_SLOT, ""))
-        if token:
-            raise RowRefused(f"its text holds the special token {token}, which the tokenizer would read as control")
-        prompt = build_messages(text, image_position, len(images))
-    except ValueError as error:
-        raise RowRefused(f"example {example_id}: {error}") from None
+    prompt = checked_prompt(example_id, text, [each.size for each in images], image_position)
     pixels = {"images": images} if several else {"image": images[0]}
     return {"id": example_id, "prompt": prompt, **pixels, **reward_columns}

@@ -16,7 +16,7 @@ import datasets
 
 from vision_grpo.data import geoqa, prepared, prompts_and_images, report_unused
 from vision_grpo.data.prepared import ERROR
-from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, make_example, normalize_image
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
 
 logger = logging.getLogger(__name__)
@@ -50,14 +50,15 @@ def check(task_args: Any) -> None:
 
 
 def _check(row: dict[str, Any], position: int, language: str, max_pixels: int, code: str) -> dict[str, Any]:
-    """The checking pass over one raw row (`geoqa.check_row`, then the prompt and the image as training sees them);
+    """The checking pass over one raw row (`geoqa.check_row`, then the prompt and the size training sees the image at);
     the decoded image is dropped; `code` is in the cache key, not used."""
     out = {"id": str(row["id"]), "prompt": [], "label": row["label"] if isinstance(row["label"], int) else -1}
     try:
         image = geoqa.check_row(row)
         text = geoqa.format_question(row["subject"], row["choices"], language)
-        out["prompt"] = make_example(str(row["id"]), text, image, "after_text", max_pixels)["prompt"]
-    except ValueError as error:  # GeoQADataError (it names the row) and make_example's RowRefused
+        size = normalized_size(image, max_pixels)
+        out["prompt"] = checked_prompt(str(row["id"]), text, [size], "after_text")
+    except ValueError as error:  # GeoQADataError (it names the row) and checked_prompt's RowRefused
         return {**out, ERROR: str(error) if "GeoQA row id=" in str(error) else f"GeoQA row id={row['id']!r}: {error}"}
     return {**out, ERROR: None}
 

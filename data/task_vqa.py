@@ -31,7 +31,7 @@ from PIL import Image
 
 from vision_grpo.data import prepared, prompts_and_images, report_unused
 from vision_grpo.data.prepared import ERROR
-from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, make_example, normalize_image
+from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards import vqa as vqa_rewards
 from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, is_correct, predicted
 
@@ -230,8 +230,9 @@ def _check(
     row: dict[str, Any], index: int, options: dict[str, Any], template: str, max_pixels: int, code: str
 ) -> dict[str, Any]:
     """The checking pass over one source row: its small columns and `ERROR` (None when usable). The images are
-    decoded and normalised here only to be checked (decode-size limit from the header first, then decoding, aspect
-    ratio and slots on what training will see), then dropped; `code` is in the cache key, not used."""
+    decoded here only to be checked (decode-size limit from the header first, then decoding and conversion; aspect
+    ratio and slots on the size training will see, computed rather than resized to), then dropped; `code` is in the
+    cache key, not used."""
     args = SimpleNamespace(**options)
     out = {"id": _row_id(row, index, args), "prompt": [], "answer": "", "answer_type": args.vqa_answer_type}
     out |= {"tolerance": args.vqa_tolerance, "options": 0, ERROR: None}
@@ -247,15 +248,13 @@ def _check(
         value = row[args.vqa_image_column]
         images = _images(value, args.vqa_image_folder)
         answer = _answer(row, args)
-        example = make_example(
-            out["id"], text, images if isinstance(value, list) else images[0], "before_text", max_pixels
-        )
-        out |= {"prompt": example["prompt"], "answer": answer}
+        sizes = [normalized_size(image, max_pixels) for image in images]
+        out |= {"prompt": checked_prompt(out["id"], text, sizes, "before_text"), "answer": answer}
     except TemplateRefused:
         raise
     except Image.DecompressionBombError as error:
         out[ERROR] = f"image larger than Pillow's decompression-bomb limit, refused before decoding ({error})"
-    except (VQADataError, OSError, ValueError) as error:  # ValueError: make_example's RowRefused too
+    except (VQADataError, OSError, ValueError) as error:  # ValueError: checked_prompt's RowRefused too
         out[ERROR] = str(error)
     return out
 
