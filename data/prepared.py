@@ -76,13 +76,14 @@ def source_files(path: Path) -> list[Path]:
 
 
 def warn_large_row_groups(path: Path) -> None:
-    """Warn when a parquet file's largest row group is over `LARGE_ROW_GROUP` bytes: `datasets` converts a parquet
-    file to its Arrow cache reading one row group whole, so the memory of that conversion (the first start on a
-    machine) grows with the row group, whatever its batch size. Reads the file's footer only, never its data."""
+    """Warn when a parquet file's largest row group is over `LARGE_ROW_GROUP` bytes and `datasets` has yet to
+    convert the file to its Arrow cache: that conversion reads one row group whole, so its memory grows with the row
+    group, whatever its batch size; a start that finds the conversion done reads the Arrow cache and is not warned.
+    Reads the file's footer only, never its data."""
     metadata = pq.read_metadata(path)
     groups = [metadata.row_group(index) for index in range(metadata.num_row_groups)]
     largest = max(groups, key=lambda group: group.total_byte_size, default=None)
-    if largest is None or largest.total_byte_size <= LARGE_ROW_GROUP:
+    if largest is None or largest.total_byte_size <= LARGE_ROW_GROUP or _converted(path):
         return
     logger.warning(
         "%s: its largest row group holds %d rows in %.0f MB (%d row group(s), %d rows); `datasets` reads a row group "
@@ -95,6 +96,13 @@ def warn_large_row_groups(path: Path) -> None:
         metadata.num_row_groups,
         metadata.num_rows,
     )
+
+
+def _converted(path: Path) -> bool:
+    """Whether `datasets.load_dataset("parquet", data_files=path)` would find its Arrow cache already made (the
+    builder's cache folder, which names the file's path and modification time, holds its dataset info)."""
+    builder = datasets.load_dataset_builder("parquet", data_files=str(path))
+    return (Path(builder.cache_dir) / datasets.config.DATASET_INFO_FILENAME).is_file()
 
 
 def _sha256_file(path: Path) -> str:

@@ -146,3 +146,28 @@ def test_a_parquet_source_in_large_row_groups_is_named_with_its_fix(
         prepared.warn_large_row_groups(tmp_path / "one_group.parquet")
     assert "one_group.parquet: its largest row group holds 200 rows" in caplog.text
     assert "(1 row group(s), 200 rows)" in caplog.text and "row_group_size=100" in caplog.text
+
+
+def test_the_row_group_warning_comes_only_with_the_conversion_it_warns_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(prepared, "LARGE_ROW_GROUP", 20_000)
+    noise = [Image.frombytes("L", (16, 16), random.Random(i).randbytes(256)) for i in range(200)]  # ~0.3 kB PNGs
+    rows = {"id": [str(i) for i in range(200)], "image": noise, "question": ["How many?"] * 200, "answer": ["2"] * 200}
+    folder = tmp_path / "data"
+    folder.mkdir()
+    datasets.Dataset.from_dict(rows).to_parquet(str(folder / "train.parquet"), batch_size=200)  # one row group
+    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", "null", "--vqa_id_column", "id",
+            "--vqa_answer_type", "number", "--use_cpu", "true"]  # fmt: skip
+    args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)[0]
+    warned = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="vision_grpo.data.prepared"):
+            get_dataset(args, "train", 168 * 168)
+        warned.append("its largest row group holds 200 rows" in caplog.text)
+    assert warned == [True, False]  # the second start reads the Arrow cache the first made: nothing to warn of
+    (folder / "train.parquet").touch()  # a changed file (its modification time) is converted again: warned again
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.data.prepared"):
+        get_dataset(args, "train", 168 * 168)
+    assert "its largest row group holds 200 rows" in caplog.text
