@@ -3,7 +3,14 @@ or a list of images per row) prepared by `get_dataset` in a fresh process per st
 `recipes/train.py` run on it.
 
     python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
-        [--train-steps 2 [--token-check-samples 32]] [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
+        [--row-group-rows 100] [--train-steps 2 [--token-check-samples 32]] [--scratch DIR [--reuse-cache]]
+        [--json FILE] [--quick]
+
+The source is one `train.parquet` written by `datasets`' `to_parquet` in row groups of `--row-group-rows` rows (100:
+as earlier `datasets` releases wrote image datasets for the Hub, `config.PARQUET_ROW_GROUP_SIZE_FOR_IMAGE_DATASETS`,
+and as the warning for large row groups advises; 0: the installed `datasets`' own default, row groups of up to
+100 MB, which `datasets` converts to its Arrow cache a whole row group at a time, so that first start's memory grows
+with the row group).
 
 Printed per size: seconds of the first start (the checking pass, including `datasets`' own conversion of the
 parquet file to its Arrow cache) and of the second (the cache read), rows/s of the pass, the process's peak RSS split
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.parquet as pq
 from common import REPO, check, machine, markdown_table, read_step_log, report, run_measured
 from PIL import Image, ImageDraw
 
@@ -68,13 +76,14 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-def source_name(rows: int, width: int, height: int, kind: str, images: int) -> str:
-    return f"{kind.lower()}-{width}x{height}-{images}img-{rows}rows"
+def source_name(rows: int, width: int, height: int, kind: str, images: int, group: int) -> str:
+    return f"{kind.lower()}-{width}x{height}-{images}img-{rows}rows-{f'{group}per-group' if group else '100MB-groups'}"
 
 
-def write_source(folder: Path, rows: int, width: int, height: int, kind: str, images: int) -> Path:
+def write_source(folder: Path, rows: int, width: int, height: int, kind: str, images: int, group: int = 100) -> Path:
     """`folder/train.parquet`: `rows` rows of `images` distinct drawn images each (coloured boxes on a gradient), a
-    counting question and its numeric answer. Kept if it is already there."""
+    counting question and its numeric answer, in row groups of `group` rows (0: `datasets`' default, up to 100 MB).
+    Kept if it is already there."""
     if (folder / "train.parquet").is_file():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -106,7 +115,7 @@ def write_source(folder: Path, rows: int, width: int, height: int, kind: str, im
     )  # fmt: skip
     building = folder / "building"  # `from_generator`'s own Arrow cache, removed once the parquet file is written
     rows_written = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(building))
-    rows_written.to_parquet(str(folder / "train.partial"))
+    rows_written.to_parquet(str(folder / "train.partial"), batch_size=group or None)  # a row group per batch
     (folder / "train.partial").replace(folder / "train.parquet")
     shutil.rmtree(building)
     return folder
@@ -149,8 +158,9 @@ def disk_mb(folder: Path) -> float:
 
 
 def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any]:
-    name = source_name(rows, args.width, args.height, args.format, args.images)
-    folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images)
+    name = source_name(rows, args.width, args.height, args.format, args.images, args.row_group_rows)
+    folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images, args.row_group_rows)
+    layout = pq.read_metadata(folder / "train.parquet")
     cache = scratch / f"cache-{name}"
     reused = args.reuse_cache and cache.is_dir()
     if not reused:
@@ -165,6 +175,8 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
     figures = {
         "rows": rows,
         "source_mb": (folder / "train.parquet").stat().st_size / 1e6,
+        "row_groups": layout.num_row_groups,
+        "largest_row_group_mb": max(layout.row_group(i).total_byte_size for i in range(layout.num_row_groups)) / 1e6,
         "first": first,
         "second": second,
         "pass_rows_per_s": rows / first["seconds"] if first else None,
@@ -188,7 +200,7 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    header = ["rows", "source MB", "first start s", "pass rows/s", "second start s",
+    header = ["rows", "source MB (row groups, largest MB)", "first start s", "pass rows/s", "second start s",
               "peak RSS MiB 1st (anon + file) / 2nd", "rows cache MB", "source Arrow MB"]  # fmt: skip
     lines = []
     for r in results:
@@ -198,7 +210,8 @@ def table(results: list[dict[str, Any]]) -> str:
             first_s, rate = f"{first['seconds']:.1f}", f"{r['pass_rows_per_s']:.0f}"
         else:  # --reuse-cache found the cache: no first start
             rss, first_s, rate = "- / ", "-", "-"
-        lines.append([r["rows"], f"{r['source_mb']:.0f}", first_s, rate, f"{second['seconds']:.1f}",
+        source = f"{r['source_mb']:.0f} ({r['row_groups']}, {r['largest_row_group_mb']:.0f})"
+        lines.append([r["rows"], source, first_s, rate, f"{second['seconds']:.1f}",
                       rss + f"{second['peak_rss_mib']:.0f}", f"{r['rows_cache_mb']:.1f}",
                       f"{r['source_arrow_mb']:.0f}"])  # fmt: skip
     text = markdown_table(header, lines)
@@ -221,6 +234,9 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--format", default="JPEG", choices=["JPEG", "PNG"])
     parser.add_argument("--images", type=int, default=1, help="images per row (2 or more: a list-of-images column)")
+    parser.add_argument(
+        "--row-group-rows", type=int, default=100, help="rows per row group of the source (0: datasets' default)"
+    )
     parser.add_argument("--train-steps", type=int, default=0, help="also time recipes/train.py runs")
     parser.add_argument(
         "--token-check-samples", type=int, default=32, help="the training runs' token_check_samples (-1: every prompt)"
@@ -245,7 +261,8 @@ def main() -> None:
         for rows in args.rows:
             results.append(measure(args, scratch, rows))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    described = f"{args.format} {args.width}x{args.height}, {args.images} image(s) per row"
+    groups = f"{args.row_group_rows} rows" if args.row_group_rows else "up to 100 MB"
+    described = f"{args.format} {args.width}x{args.height}, {args.images} image(s) per row, row groups of {groups}"
     print(f"data_scale: {described}, max_pixels {MAX_PIXELS}; {machine()}")
     print(table(results), flush=True)
     report("data_scale", {"setting": described, "sizes": results}, args.json)
