@@ -96,7 +96,7 @@ def _looks_local(source: str) -> bool:
 
 
 def _read_parquet(files: list[str]) -> datasets.Dataset:
-    return datasets.load_dataset("parquet", data_files=files, split="train")
+    return prepared.read_parquet([Path(file) for file in files])
 
 
 def _read_local(source: str) -> datasets.Dataset:

@@ -25,6 +25,7 @@ from typing import Any
 
 import datasets
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
@@ -34,6 +35,10 @@ ERROR = "_error"  # the pass's column: None for a usable row, else why it is not
 ROWS_CACHE = "vision_grpo_rows"
 # Bytes (uncompressed) of a parquet row group above which converting it costs enough memory to say so.
 LARGE_ROW_GROUP = 50_000_000
+# `datasets`' parquet builder scans a file opened in Python with pyarrow's default pre-buffering, which reads every
+# row group of the file into memory ahead of the conversion: without it the first start's memory does not grow with
+# the file's rows, only with its largest row group.
+PARQUET_READ = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)}
 
 
 def code_digest(*modules: Any) -> str:
@@ -75,33 +80,39 @@ def source_files(path: Path) -> list[Path]:
     return []
 
 
-def warn_large_row_groups(path: Path) -> None:
-    """Warn when a parquet file's largest row group is over `LARGE_ROW_GROUP` bytes and `datasets` has yet to
-    convert the file to its Arrow cache: that conversion reads one row group whole, so its memory grows with the row
-    group, whatever its batch size; a start that finds the conversion done reads the Arrow cache and is not warned.
-    Reads the file's footer only, never its data."""
+def read_parquet(files: list[Path]) -> datasets.Dataset:
+    """Local parquet files as one `datasets.Dataset`, converted to `datasets`' Arrow cache at the first read one row
+    group at a time (`PARQUET_READ`), with a warning, at that conversion only, for a file whose row groups are large.
+    """
+    names = [str(file) for file in files]
+    large = [warning for warning in map(_large_row_group, files) if warning]
+    if large and not _converted(names):
+        for warning in large:
+            logger.warning(warning)
+    return datasets.load_dataset("parquet", data_files=names, split="train", **PARQUET_READ)
+
+
+def _large_row_group(path: Path) -> str | None:
+    """What to say of a parquet file whose largest row group is over `LARGE_ROW_GROUP` bytes (None if it is not):
+    `datasets` converts a row group whole, so the memory of that conversion grows with the row group, whatever its
+    batch size. Reads the file's footer only, never its data."""
     metadata = pq.read_metadata(path)
     groups = [metadata.row_group(index) for index in range(metadata.num_row_groups)]
     largest = max(groups, key=lambda group: group.total_byte_size, default=None)
-    if largest is None or largest.total_byte_size <= LARGE_ROW_GROUP or _converted(path):
-        return
-    logger.warning(
-        "%s: its largest row group holds %d rows in %.0f MB (%d row group(s), %d rows); `datasets` reads a row group "
-        "whole when it converts the file to its Arrow cache (once per file), so that start needs several times this "
-        "in memory. Write the file in smaller row groups, e.g. "
-        "pyarrow.parquet.write_table(table, path, row_group_size=100)",
-        path,
-        largest.num_rows,
-        largest.total_byte_size / 1e6,
-        metadata.num_row_groups,
-        metadata.num_rows,
+    if largest is None or largest.total_byte_size <= LARGE_ROW_GROUP:
+        return None
+    return (
+        f"{path}: its largest row group holds {largest.num_rows} rows in {largest.total_byte_size / 1e6:.0f} MB "
+        f"({metadata.num_row_groups} row group(s), {metadata.num_rows} rows); `datasets` reads a row group whole when "
+        "it converts the file to its Arrow cache (once per file), so that start needs several times this in memory. "
+        "Write the file in smaller row groups, e.g. pyarrow.parquet.write_table(table, path, row_group_size=100)"
     )
 
 
-def _converted(path: Path) -> bool:
-    """Whether `datasets.load_dataset("parquet", data_files=path)` would find its Arrow cache already made (the
-    builder's cache folder, which names the file's path and modification time, holds its dataset info)."""
-    builder = datasets.load_dataset_builder("parquet", data_files=str(path))
+def _converted(names: list[str]) -> bool:
+    """Whether `read_parquet` of these files would find `datasets`' Arrow cache of them already made (the builder's
+    cache folder, which names the files' paths and modification times, holds its dataset info)."""
+    builder = datasets.load_dataset_builder("parquet", data_files=names, **PARQUET_READ)
     return (Path(builder.cache_dir) / datasets.config.DATASET_INFO_FILENAME).is_file()
 
 

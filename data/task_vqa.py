@@ -150,7 +150,7 @@ def _read_file(path: Path) -> datasets.Dataset:
     if line is not None:
         raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8")
     if kinds[path.suffix] == "parquet":
-        prepared.warn_large_row_groups(path)
+        return prepared.read_parquet([path])
     return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
 
 

@@ -4,9 +4,11 @@ prompt once, then only a sample while nothing that decides it changed."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,9 +143,9 @@ def test_a_parquet_source_in_large_row_groups_is_named_with_its_fix(
     for name, group in (("one_group.parquet", 200), ("small_groups.parquet", 20)):
         pq.write_table(table, tmp_path / name, row_group_size=group)
     with caplog.at_level(logging.WARNING, logger="vision_grpo.data.prepared"):
-        prepared.warn_large_row_groups(tmp_path / "small_groups.parquet")
+        prepared.read_parquet([tmp_path / "small_groups.parquet"])
         assert not caplog.records
-        prepared.warn_large_row_groups(tmp_path / "one_group.parquet")
+        prepared.read_parquet([tmp_path / "one_group.parquet"])
     assert "one_group.parquet: its largest row group holds 200 rows" in caplog.text
     assert "(1 row group(s), 200 rows)" in caplog.text and "row_group_size=100" in caplog.text
 
@@ -171,3 +173,53 @@ def test_the_row_group_warning_comes_only_with_the_conversion_it_warns_of(
     with caplog.at_level(logging.WARNING, logger="vision_grpo.data.prepared"):
         get_dataset(args, "train", 168 * 168)
     assert "its largest row group holds 200 rows" in caplog.text
+
+
+class Reads(io.RawIOBase):
+    """A file whose reads are recorded (sizes), as `datasets`' parquet builder opens it."""
+
+    sizes: list[int] = []
+
+    def __init__(self, path: str, mode: str = "rb") -> None:
+        self.file = open(path, mode)  # noqa: SIM115 (closed with this object)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readinto(self, buffer) -> int:
+        count = self.file.readinto(buffer)
+        Reads.sizes.append(count)
+        return count
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+def test_a_parquet_source_is_converted_one_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyarrow's pre-buffering, on by default, reads many row groups in one go: the first start's memory then grows
+    with the file's rows. No read of the conversion may span more than one row group."""
+    images = [{"bytes": random.Random(i).randbytes(5_000), "path": None} for i in range(400)]
+    pq.write_table(
+        pa.table({"id": [str(i) for i in range(400)], "image": images}), tmp_path / "t.parquet", row_group_size=20
+    )
+    metadata = pq.read_metadata(tmp_path / "t.parquet")
+    groups = [metadata.row_group(g) for g in range(metadata.num_row_groups)]
+    largest = max(sum(group.column(c).total_compressed_size for c in range(group.num_columns)) for group in groups)
+    module = sys.modules[
+        type(datasets.load_dataset_builder("parquet", data_files=str(tmp_path / "t.parquet"))).__module__
+    ]
+    monkeypatch.setattr(module, "open", Reads, raising=False)
+    Reads.sizes = []
+    rows = prepared.read_parquet([tmp_path / "t.parquet"])
+    assert len(rows) == 400 and Reads.sizes, "the conversion read nothing through the builder's open"
+    assert max(Reads.sizes) <= largest, f"a read of {max(Reads.sizes)} bytes: more than a row group ({largest})"
