@@ -47,8 +47,9 @@ $(VLLM_VENV)/.installed: pyproject.toml tests_vllm/make_env.sh tests_vllm/patch_
 	PYTHON=$(PYTHON) tests_vllm/make_env.sh $(VLLM_VENV)
 	touch $@
 
+# Two workers, a test file each (its module fixtures train and export once): each worker has its own caches.
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest tests_vllm -p no:cacheprovider
+	$(VLLM_VENV)/bin/python -m pytest tests_vllm -p no:cacheprovider -n 2 --dist loadfile
 
 lint: install
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

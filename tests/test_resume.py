@@ -295,6 +295,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_leaves_a_folder_the_same_
     assert not run.run_dir.exists() or not any(run.run_dir.iterdir())
 
 
+@pytest.mark.slow  # two ranks under torchrun, like every other multi-process test
 def test_decided_by_main_process_forwards_every_exception_to_every_rank(tmp_path: Path) -> None:
     """A check that fails on rank 0 with an error of any type stops rank 1 too, with the same type and message
     (before: only ValueError and OSError were forwarded, and rank 1 waited for ever)."""
