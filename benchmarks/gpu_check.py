@@ -27,7 +27,7 @@ pip works, download the wheels it lacks (about 16 MB; Python 3.12, manylinux x86
     export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 && python3 -m pip install -q --no-index --no-deps \
         --no-build-isolation -e . && python3 benchmarks/gpu_check.py --json $OUT/gpu_check.json
 
-Checked 2026-12-01: those seven wheels are 16.5 MB; their other needs are on the GPU machine as its package list
+Those seven wheels are 16.5 MB (docs/performance.md); their other needs are on the GPU machine as its package list
 reads (huggingface_hub 1.33 satisfies transformers and datasets; huggingface_hub 2.x would need httpx2), except
 that datasets 5.2 needs pyarrow >= 24: see `pip show pyarrow` there and carry its wheel (~45 MB) if older.
 Budget: about 3 minutes for the evaluations and 2-4 for the training step on an H200 (estimates, not measured).
