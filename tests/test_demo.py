@@ -107,13 +107,38 @@ def test_biased_demonstrations_follow_their_recipe_keys():
 def test_quick_demo_end_to_end(tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
     command = ["-m", "vision_grpo.demo", "--quick", "--runs-dir", str(runs), "--results-dir", str(results)]
-    process = run_script(command, timeout=900)
+    process = run_script([*command, "--jobs", "2"], timeout=900)
     assert "TensorBoard: tensorboard --logdir" in process.stdout
+    # Side by side, each stage's output went to its own file, not to the terminal.
+    logs = sorted(path.name for path in (results / "logs").iterdir())
+    assert logs == [
+        "demo-biased-control.log",
+        "demo-biased-grpo.log",
+        "demo-biased-sft.log",
+        "demo-grpo.log",
+        "demo-sft.log",
+    ]
+    assert "train_runtime" in (results / "logs" / "demo-grpo.log").read_text()
+    assert "train_runtime" not in process.stdout
     check_demo_outputs(runs, results)
 
-    # A second run reuses all five finished training stages instead of training again.
-    again = run_script(command, timeout=900)
+    # A second run, one stage at a time, reuses all five finished training stages instead of training again.
+    again = run_script([*command, "--jobs", "1"], timeout=900)
     assert again.stdout.count("reusing") == 5
+    assert "1 experiment(s) trained side by side" in again.stdout
+
+
+def test_a_failed_stage_names_its_log_and_shows_its_end(tmp_path: Path) -> None:
+    from vision_grpo.demo import RUNNING, run_stage
+
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('step 3 of 5')\nsys.exit('the reason it failed')\n")
+    log = tmp_path / "logs" / "stage.log"
+    with pytest.raises(SystemExit) as failed:
+        run_stage(str(script), "recipes/shapes/tiny_sft.yaml", tmp_path / "runs", "x", [], False, log)
+    message = str(failed.value)
+    assert str(log) in message and message.rstrip().endswith("the reason it failed")
+    assert "step 3 of 5" in message and not RUNNING
 
 
 def check_demo_outputs(runs, results):

@@ -12,16 +12,24 @@ the training temperature (vision_grpo/pass_at_k.py); a table per experiment with
 checks, and one PNG with both. Every stage runs the repository's own entry points with the recipes in
 recipes/shapes/, so the demo exercises exactly what users run. A finished stage is reused when the demo is run again
 (`--fresh` redoes everything).
+
+The two experiments share nothing until the report, so with two cores their training stages run side by side
+(`--jobs`), each in a process of its own with the same single-threaded, seeded computation as when run one after the
+other; the first experiment is evaluated while the second still trains.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,7 @@ from vision_grpo.eval.compare import mcnemar_exact
 from vision_grpo.eval.evaluate import main as evaluate_main
 from vision_grpo.modeling import TINY_MODEL, resolve_model_path
 from vision_grpo.pass_at_k import main as pass_at_k_main
+from vision_grpo.threads import default_threads, usable_cores
 
 REPO = Path(__file__).resolve().parent.parent
 GRPO_RECIPE = "recipes/shapes/tiny_grpo_demo.yaml"
@@ -42,6 +51,8 @@ QUICK_SFT = ["--max_steps", "6", "--shapes_train_size", "64", "--per_device_trai
 QUICK_SFT += ["--warmup_steps", "1"]
 QUICK_GRPO = ["--max_steps", "2", "--shapes_train_size", "32", "--per_device_train_batch_size", "16"]
 QUICK_EVAL = ["--shapes_eval_size", "24"]
+# The training stages running now: stopped (SIGTERM: each saves a checkpoint and ends) if the demo fails elsewhere.
+RUNNING: set[subprocess.Popen] = set()
 CURVES = {
     "reward": "strict reward (boxed answer right)",
     "rewards/count_correct/mean": "lenient correctness",
@@ -90,36 +101,56 @@ class Evaluated:
 
 
 class StageClock:
-    """Announces each stage and keeps its wall time, so the report says where the demo's minutes go."""
+    """Announces each stage and keeps its wall time, so the report says where the demo's minutes go. Stages of the
+    two experiments may overlap (`--jobs 2`): each is timed from its own start to its own end."""
 
     def __init__(self) -> None:
         self.stages: list[tuple[str, float]] = []
 
-    def begin(self, name: str) -> None:
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
         print(f"\n=== {name} ===", flush=True)
-        self.stages.append((name, time.perf_counter()))
+        start = time.perf_counter()
+        yield
+        self.stages.append((name, time.perf_counter() - start))
+        print(f"=== done in {self.stages[-1][1]:.0f} s: {name} ===", flush=True)
 
     def table(self) -> str:
-        ends = [start for _, start in self.stages[1:]] + [time.perf_counter()]
-        rows = [f"| {name} | {end - start:.0f} |" for (name, start), end in zip(self.stages, ends, strict=True)]
+        rows = [f"| {name} | {seconds:.0f} |" for name, seconds in self.stages]
         return "\n".join(["| stage | wall seconds |", "|---|---|", *rows])
 
 
-def run_stage(script: str, recipe: str, runs_dir: Path, run_name: str, extra: list[str], fresh: bool) -> Path:
+def run_stage(
+    script: str, recipe: str, runs_dir: Path, run_name: str, extra: list[str], fresh: bool, log: Path | None
+) -> Path:
     """Run a training entry point unless its run folder already finished; return the run folder.
 
     An unfinished (or, with `fresh`, any) earlier run in the folder is replaced (`--overwrite_run`), not mixed with.
+    With `log`, the stage's output goes to that file (two stages running side by side would interleave their
+    progress bars on the terminal); a failure prints its end.
     """
     output_dir = runs_dir / Path(recipe).parent.name / Path(recipe).stem
     run_dir = output_dir / run_name
     manifest = run_dir / "manifest.json"
     if not fresh and manifest.exists() and json.loads(manifest.read_text()).get("ended"):
-        print(f"reusing {run_dir} (finished earlier; --fresh to redo)")
+        print(f"reusing {run_dir} (finished earlier; --fresh to redo)", flush=True)
         return run_dir
     command = [sys.executable, script, "--config", recipe, "--output_dir", str(output_dir), "--run_name", run_name]
-    command += ["--overwrite_run", "true"]
-    print(" ".join(command[1:] + extra), flush=True)
-    subprocess.run(command + extra, cwd=REPO, check=True)
+    command += ["--overwrite_run", "true", *extra]
+    print(" ".join(command[1:]) + (f"\n  (its output: {log})" if log else ""), flush=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(log.open("w", encoding="utf-8")) if log else None
+        with subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT if out else None) as process:
+            RUNNING.add(process)
+            try:
+                returncode = process.wait()
+            finally:
+                RUNNING.discard(process)
+    if returncode != 0:
+        tail = f"; the end of {log}:\n{log.read_text(encoding='utf-8', errors='replace')[-4000:]}" if log else ""
+        raise SystemExit(f"{script} --config {recipe} failed ({returncode}){tail}")
     return run_dir
 
 
@@ -174,32 +205,54 @@ def _trained_for(run_dir: Path) -> str:
     return f"{steps} steps, {seconds:.0f} s"
 
 
-def run_experiment(
-    experiment: Experiment, args: argparse.Namespace, runs_dir: Path, results_dir: Path, clock: StageClock
-) -> tuple[Path, list[Evaluated]]:
-    """Train the experiment's models (reusing finished runs), evaluate each; the GRPO run, [warm, GRPO(, control)]."""
+Trained = tuple[Path, list[tuple[Path, str, str, str]]]  # the GRPO run; (run, result name, label, training) each
+
+
+def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir: Path, clock: StageClock) -> Trained:
+    """Train the experiment's models, reusing finished runs: warm start, GRPO from it (and the SFT control)."""
     run_name = args.run_name + experiment.run_suffix
     quick_sft, quick_grpo = (QUICK_SFT, QUICK_GRPO) if args.quick else ([], [])
-    eval_extra = QUICK_EVAL if args.quick else []
-    clock.begin(f"{experiment.title}: supervised warm start (TRL SFTTrainer)")
-    warm_run = run_stage("recipes/sft.py", experiment.sft_recipe, runs_dir, run_name, quick_sft, args.fresh)
-    clock.begin(f"{experiment.title}: GRPO (TRL GRPOTrainer)")
-    grpo_extra = ["--model_name_or_path", str(warm_run), *quick_grpo]
-    grpo_run = run_stage("recipes/train.py", GRPO_RECIPE, runs_dir, run_name, grpo_extra, args.fresh)
+    logs = Path(args.results_dir).resolve() / "logs"
+
+    def log(stage: str) -> Path | None:  # stages side by side write to files, one at a time to the terminal
+        return logs / f"{run_name}-{stage}.log" if args.jobs > 1 else None
+
+    with clock.stage(f"{experiment.title}: supervised warm start (TRL SFTTrainer)"):
+        warm_run = run_stage(
+            "recipes/sft.py", experiment.sft_recipe, runs_dir, run_name, quick_sft, args.fresh, log("sft")
+        )
+    with clock.stage(f"{experiment.title}: GRPO (TRL GRPOTrainer)"):
+        grpo_extra = ["--model_name_or_path", str(warm_run), *quick_grpo]
+        grpo_run = run_stage("recipes/train.py", GRPO_RECIPE, runs_dir, run_name, grpo_extra, args.fresh, log("grpo"))
     runs = [(warm_run, "warm_start", "warm start", "–"), (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run))]
     if experiment.sft_control:
-        clock.begin(f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's time")
-        steps = control_steps(warm_run, grpo_run)
-        control_extra = ["--model_name_or_path", str(warm_run), *quick_sft, "--max_steps", str(steps)]
-        control_run = run_stage(
-            "recipes/sft.py", experiment.sft_recipe, runs_dir, f"{run_name}-control", control_extra, args.fresh
-        )
+        with clock.stage(f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's time"):
+            steps = control_steps(warm_run, grpo_run)
+            control_extra = ["--model_name_or_path", str(warm_run), *quick_sft, "--max_steps", str(steps)]
+            control_run = run_stage(
+                "recipes/sft.py",
+                experiment.sft_recipe,
+                runs_dir,
+                f"{run_name}-control",
+                control_extra,
+                args.fresh,
+                log("control"),
+            )
         runs.append((control_run, "sft_control", "SFT control (more SFT)", _trained_for(control_run)))
-    clock.begin(f"{experiment.title}: held-out evaluation (greedy real and blank, pass@{PASS_K})")
-    return grpo_run, [
-        evaluate_all(run, experiment.results_prefix + name, label, results_dir, eval_extra, training)
-        for run, name, label, training in runs
-    ]
+    return grpo_run, runs
+
+
+def evaluate_experiment(
+    experiment: Experiment, runs: list[tuple[Path, str, str, str]], args: argparse.Namespace, clock: StageClock
+) -> list[Evaluated]:
+    """Every model of the experiment on the held-out images, in this process (one evaluation at a time)."""
+    results_dir = Path(args.results_dir).resolve()
+    eval_extra = QUICK_EVAL if args.quick else []
+    with clock.stage(f"{experiment.title}: held-out evaluation (greedy real and blank, pass@{PASS_K})"):
+        return [
+            evaluate_all(run, experiment.results_prefix + name, label, results_dir, eval_extra, training)
+            for run, name, label, training in runs
+        ]
 
 
 def _pct(value: float | None) -> str:
@@ -344,30 +397,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--run-name", default="demo")
     parser.add_argument("--quick", action="store_true", help="toy-sized run of every stage (for tests)")
     parser.add_argument("--fresh", action="store_true", help="redo every stage instead of reusing finished ones")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(len(EXPERIMENTS), usable_cores()),
+        choices=range(1, len(EXPERIMENTS) + 1),
+        help="experiments trained side by side (default: one per core, at most 2); 1 runs every stage in turn, "
+        "its output on the terminal",
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     runs_dir, results_dir = Path(args.runs_dir).resolve(), Path(args.results_dir).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
+    # Stages side by side share the cores: without a choice of the user's, each gets its share (1 on 2 cores).
+    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(args.jobs)))
 
     clock = StageClock()
-    clock.begin("embedded tiny VLM")
-    print(resolve_model_path(TINY_MODEL))
+    with clock.stage("embedded tiny VLM"):
+        print(resolve_model_path(TINY_MODEL))
     results, tables, facts = [], [], {}
-    for experiment in EXPERIMENTS:
-        grpo_run, models = run_experiment(experiment, args, runs_dir, results_dir, clock)
-        table, facts[experiment.title] = report(experiment, models)
-        results.append((experiment, grpo_run, models))
-        tables.append(table)
+    with ThreadPoolExecutor(max_workers=len(EXPERIMENTS)) as pool:
+        if args.jobs > 1:  # every experiment's training starts now; each is evaluated as soon as it is trained
+            futures = [pool.submit(train_experiment, e, args, runs_dir, clock) for e in EXPERIMENTS]
+            trained: Iterator[Trained] = (future.result() for future in futures)
+        else:  # one stage at a time: each experiment trains after the one before was evaluated
+            trained = (train_experiment(e, args, runs_dir, clock) for e in EXPERIMENTS)
+        try:
+            for experiment, (grpo_run, runs) in zip(EXPERIMENTS, trained, strict=True):
+                models = evaluate_experiment(experiment, runs, args, clock)
+                table, facts[experiment.title] = report(experiment, models)
+                results.append((experiment, grpo_run, models))
+                tables.append(table)
+        except Exception:  # a failed stage or evaluation; Ctrl-C has reached the stages already (one process group)
+            for process in list(RUNNING):
+                process.terminate()
+            raise
 
-    clock.begin("report")
     png = results_dir / "demo.png"
-    plot(results, png)
+    with clock.stage("report"):
+        plot(results, png)
     wall = time.perf_counter() - start
     peak_gib = (
         max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
     )
     footer = (
-        f"wall time {wall / 60:.1f} min (stages reused are not re-timed); peak RSS of any process {peak_gib:.2f} GiB"
+        f"wall time {wall / 60:.1f} min (stages reused are not re-timed; {args.jobs} experiment(s) trained side by "
+        f"side); peak RSS of any process {peak_gib:.2f} GiB"
     )
     text = "\n\n".join([*tables, clock.table(), footer]) + "\n"
     (results_dir / "report.md").write_text(text, encoding="utf-8")

@@ -18,11 +18,16 @@ logger = logging.getLogger(__name__)
 CORES_LEFT_FREE = 2
 
 
-def default_threads() -> int:
-    """Threads per process: this process's cores over the local processes, minus `CORES_LEFT_FREE`, at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    per_process = cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, per_process - CORES_LEFT_FREE)
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads(processes: int | None = None) -> int:
+    """Threads per process: this process's cores over the local processes (`processes`, else `LOCAL_WORLD_SIZE`),
+    minus `CORES_LEFT_FREE`, at least 1."""
+    local = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, usable_cores() // max(1, local) - CORES_LEFT_FREE)
 
 
 def configure_threads() -> int:
