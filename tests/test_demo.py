@@ -198,3 +198,35 @@ def check_demo_outputs(runs, results):
     # The control continued the biased warm start, for a step count derived from the GRPO stage's time.
     control = json.loads((runs / "shapes" / "tiny_sft_biased" / "demo-biased-control" / "manifest.json").read_text())
     assert control["argv"][control["argv"].index("--model_name_or_path") + 1].endswith("tiny_sft_biased/demo-biased")
+
+
+def test_a_failed_stage_stops_the_stage_running_beside_it(tmp_path: Path, monkeypatch) -> None:
+    """Side by side, the first experiment's warm start fails while the second's runs: the demo ends with the failure
+    and the other stage is sent SIGTERM (our entry points then save a checkpoint) instead of running on to its end."""
+    import signal
+
+    from vision_grpo import demo
+
+    fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
+    fails.write_text("import sys, time\ntime.sleep(2)\nsys.exit('warm start failed')\n")
+    sleeps.write_text("import time\ntime.sleep(60)\n")  # ends by itself (exit 0) if nobody stops it
+    started: list = []
+    real_popen = demo.subprocess.Popen
+
+    def popen(command, **kwargs):
+        process = real_popen(command, **kwargs)
+        started.append((command[1], process))
+        return process
+
+    real_run_stage = demo.run_stage
+
+    def run_stage(script, recipe, *args):  # the real run_stage, with a stand-in script for each experiment
+        return real_run_stage(str(sleeps if "biased" in recipe else fails), recipe, *args)
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo, "run_stage", run_stage)
+    with pytest.raises(SystemExit, match="warm start failed"):
+        demo.main(["--jobs", "2", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")])
+    (sleeper,) = [process for script, process in started if script == str(sleeps)]
+    assert sleeper.returncode == -signal.SIGTERM
+    assert not demo.RUNNING

@@ -205,7 +205,8 @@ def _trained_for(run_dir: Path) -> str:
     return f"{steps} steps, {seconds:.0f} s"
 
 
-Trained = tuple[Path, list[tuple[Path, str, str, str]]]  # the GRPO run; (run, result name, label, training) each
+Runs = list[tuple[Path, str, str, str]]  # (run folder, result name, column label, training) of each model
+Trained = tuple[Path, Runs]  # the GRPO run, and every model of the experiment
 
 
 def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir: Path, clock: StageClock) -> Trained:
@@ -243,7 +244,7 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
 
 
 def evaluate_experiment(
-    experiment: Experiment, runs: list[tuple[Path, str, str, str]], args: argparse.Namespace, clock: StageClock
+    experiment: Experiment, runs: Runs, args: argparse.Namespace, clock: StageClock
 ) -> list[Evaluated]:
     """Every model of the experiment on the held-out images, in this process (one evaluation at a time)."""
     results_dir = Path(args.results_dir).resolve()
@@ -428,7 +429,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 table, facts[experiment.title] = report(experiment, models)
                 results.append((experiment, grpo_run, models))
                 tables.append(table)
-        except Exception:  # a failed stage or evaluation; Ctrl-C has reached the stages already (one process group)
+        # A failed stage (run_stage raises SystemExit) or evaluation; Ctrl-C has reached the stages already (one
+        # process group), so KeyboardInterrupt is left out.
+        except (Exception, SystemExit):
             for process in list(RUNNING):
                 process.terminate()
             raise
