@@ -167,12 +167,11 @@ def checked_rows(
     key = Hasher.hash([source_key or source._fingerprint, deciding])
     cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    files = [entry["filename"] for entry in source.cache_files]
     with _one_process_per_node() as who:
         cached = cache.is_file()
         started = time.perf_counter()
         checked = source.map(
-            _ReleasingPages(check, files),
+            _ReleasingPages(check, source),
             with_indices=True,
             fn_kwargs=deciding,
             remove_columns=source.column_names,
@@ -183,7 +182,7 @@ def checked_rows(
             desc=f"checking {what} rows",
         )
         seconds = time.perf_counter() - started
-    release_mapped_pages(files)
+    release_mapped_pages(source)
     if cached:
         logger.info("%s: %d checked rows read from the cache %s (%s)", what, len(checked), cache, who)
     else:
@@ -209,33 +208,32 @@ class _ReleasingPages:
     being most of it) stays mapped, and so counted in the process's RSS, until the process ends or the kernel needs
     the memory: a 20,000-row 1-MP first start held about its source's size in RSS more than a 1,000-row one."""
 
-    def __init__(self, check: Callable[..., dict[str, Any]], files: list[str]) -> None:
-        self.check, self.files = check, files
+    def __init__(self, check: Callable[..., dict[str, Any]], source: datasets.Dataset) -> None:
+        self.check, self.source = check, source
 
     def __call__(self, row: dict[str, Any], index: int, **deciding: Any) -> dict[str, Any]:
         if index % RELEASE_EVERY == RELEASE_EVERY - 1:
-            release_mapped_pages(self.files)
+            release_mapped_pages(self.source)
         return self.check(row, index, **deciding)
 
 
-def release_mapped_pages(files: list[str]) -> int:
-    """Drop this process's mappings of the pages of `files` (madvise MADV_DONTNEED on each range /proc/self/maps
-    names them at) and return the bytes of address space released. The pages stay in the kernel's page cache, so a
-    later read costs no disk read: only this process's resident set shrinks. `datasets` maps its Arrow files
-    read-only and shared, so nothing is lost. Does nothing where there is no /proc (not Linux)."""
+def release_mapped_pages(dataset: Any) -> None:
+    """Drop this process's mappings of the pages of `dataset`'s Arrow files (madvise MADV_DONTNEED on each range
+    /proc/self/maps names them at). The pages stay in the kernel's page cache, so a later read costs no disk read:
+    only this process's resident set shrinks. `datasets` maps its Arrow files read-only and shared, so nothing is
+    lost. Does nothing where there is no /proc (not Linux), nor for a dataset with no Arrow file (held in memory, or
+    any object that reads rows by indices)."""
+    files = getattr(dataset, "cache_files", None)
     if not files or not sys.platform.startswith("linux"):
-        return 0
-    names = {os.path.realpath(file) for file in files}
+        return
+    names = {os.path.realpath(entry["filename"]) for entry in files}
     libc = ctypes.CDLL(None, use_errno=True)
-    released = 0
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and fields[5].rstrip("\n") in names:
                 start, end = (int(address, 16) for address in fields[0].split("-"))
-                if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0:
-                    released += end - start
-    return released
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
 
 
 def repeated_values(rows: datasets.Dataset, column: str) -> list[Any]:

@@ -1,7 +1,8 @@
-"""The checking pass does not keep its source resident: `datasets` reads the source's Arrow file through a memory
-map, and every page the pass touched used to stay in the process's RSS (a 20,000-row 1-MP first start peaked about
-the source's size above a 1,000-row one). The pass now releases the source's pages every `RELEASE_EVERY` rows and
-at its end; measured here on the mapping itself (/proc/self/smaps), sampled while the pass runs."""
+"""Neither the checking pass nor a pass of the evaluator over a split keeps the source resident: `datasets` reads
+the source's Arrow file through a memory map, and every page read used to stay in the process's RSS (a 20,000-row
+1-MP first start peaked about the source's size above a 1,000-row one). The pass releases the source's pages every
+`RELEASE_EVERY` rows and at its end, the evaluator's `rows_at` after each batch; measured here on the mapping itself
+(/proc/self/smaps), sampled while the pass runs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, prepared
+from vision_grpo.evaluator import chunks, read_batch
 
 ROWS = 1000
 SIDE = 120  # noise PNG: ≈43 KB a row, ≈43 MB of images in all, ten releases' worth of rows
@@ -61,15 +63,22 @@ def resident_kib(files: set[str]) -> int:
     return total
 
 
-def test_the_pass_does_not_keep_its_source_resident(tmp_path: Path) -> None:
+def noise_rows(tmp_path: Path) -> tuple[TaskArguments, set[str], int]:
+    """The recipe's task arguments for a noise source, the paths of `datasets`' Arrow cache of it (the file the
+    data path maps) and that file's KiB."""
     source = noise_source(tmp_path / "data")
     keys = ["--task", "vqa", "--dataset_name", str(source), "--vqa_image_column", "image", "--vqa_image_folder",
             "null", "--vqa_id_column", "id", "--vqa_answer_type", "number", "--use_cpu", "true"]  # fmt: skip
     args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), keys)[0]
-    arrow = prepared.read_parquet([source])  # `datasets`' Arrow cache of the source: the file the pass maps
+    arrow = prepared.read_parquet([source])
     files = {str(Path(entry["filename"]).resolve()) for entry in arrow.cache_files}
     size_kib = sum(Path(file).stat().st_size for file in files) // 1024
     assert size_kib > 30_000, size_kib
+    return args, files, size_kib
+
+
+def test_the_pass_does_not_keep_its_source_resident(tmp_path: Path) -> None:
+    args, files, size_kib = noise_rows(tmp_path)
 
     peak, done = [0], threading.Event()
 
@@ -91,3 +100,16 @@ def test_the_pass_does_not_keep_its_source_resident(tmp_path: Path) -> None:
     assert after < size_kib * 0.1, (after, size_kib)
     assert 0 < peak[0] < size_kib * 0.5, (peak[0], size_kib)
     assert rows[ROWS - 1]["image"].size == (SIDE, SIDE)  # the images still read from the released pages
+
+
+def test_an_evaluation_pass_over_a_split_does_not_keep_it_resident(tmp_path: Path) -> None:
+    args, files, size_kib = noise_rows(tmp_path)
+    rows = get_dataset(args, "train", 168 * 168)
+    shown = 0
+    for indices in chunks(range(len(rows)), 32):
+        _, images = read_batch(rows, indices)
+        shown += len(images)
+    assert shown == ROWS
+    after = resident_kib(files)
+    # Before `rows_at` released them, every image read stayed mapped: after ≈ size_kib.
+    assert after < size_kib * 0.1, (after, size_kib)

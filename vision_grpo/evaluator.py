@@ -17,6 +17,7 @@ from accelerate import PartialState
 from PIL import Image
 from transformers import GenerationConfig
 
+from vision_grpo.data.prepared import release_mapped_pages
 from vision_grpo.data.prompts_and_images import fill_image
 from vision_grpo.eval.adapters import load_verified_adapter
 from vision_grpo.modeling import get_processor, load_model, vision_special_token_ids
@@ -198,10 +199,13 @@ def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
 
 
 def rows_at(dataset: Any, indices: Sequence[int]) -> list[dict[str, Any]]:
-    """The rows of `dataset` at `indices`, read (their images decoded) now: one batch at a time, never the split."""
+    """The rows of `dataset` at `indices`, read (their images decoded) now: one batch at a time, never the split.
+    The pages of the source they were read from are released after each batch (`release_mapped_pages`), so that a
+    pass over a split does not keep the whole split's images resident."""
     if not indices:
         return []
     columns = dataset[list(indices)]
+    release_mapped_pages(dataset)
     return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 
