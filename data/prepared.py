@@ -41,9 +41,9 @@ LARGE_ROW_GROUP = 50_000_000
 # row group of the file into memory ahead of the conversion: without it the first start's memory does not grow with
 # the file's rows, only with its largest row group.
 PARQUET_READ = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)}
-# Rows the pass reads between two releases of the source's mapped pages (`release_mapped_pages`): at 1-MP JPEG
-# (≈0.2 MB a row) that bounds what the pass holds of the source to tens of MB, at one read of /proc/self/maps per
-# hundred rows.
+# Rows the pass reads between two releases of the source's mapped pages (`release_mapped_pages`): at a few hundred
+# KB a row (a 1-MP photograph as JPEG) that bounds what the pass holds of the source to tens of MB, at one read of
+# /proc/self/maps per hundred rows.
 RELEASE_EVERY = 100
 MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
@@ -206,7 +206,7 @@ class _ReleasingPages:
 
     `datasets` reads a source through a memory map; every page the pass touches (the source's whole size, its images
     being most of it) stays mapped, and so counted in the process's RSS, until the process ends or the kernel needs
-    the memory: a 20,000-row 1-MP first start held about its source's size in RSS more than a 1,000-row one."""
+    the memory: without the release a first start's RSS grows with the source."""
 
     def __init__(self, check: Callable[..., dict[str, Any]], source: datasets.Dataset) -> None:
         self.check, self.source = check, source
