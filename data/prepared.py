@@ -45,7 +45,10 @@ PARQUET_READ = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buf
 # KB a row (a 1-MP photograph as JPEG) that bounds what the pass holds of the source to tens of MB, at one read of
 # /proc/self/maps per hundred rows.
 RELEASE_EVERY = 100
-MADV_DONTNEED = 4  # <sys/mman.h> on Linux
+# <sys/mman.h>, Linux 5.4 and later (older kernels refuse it: nothing is released). Not MADV_DONTNEED, which would
+# zero the range if another thread unmapped the file between our read of /proc/self/maps and the call and the
+# address were reused for anonymous memory; MADV_PAGEOUT never loses data, whatever the range holds by then.
+MADV_PAGEOUT = 21
 
 
 def code_digest(*modules: Any) -> str:
@@ -218,11 +221,10 @@ class _ReleasingPages:
 
 
 def release_mapped_pages(dataset: Any) -> None:
-    """Drop this process's mappings of the pages of `dataset`'s Arrow files (madvise MADV_DONTNEED on each range
-    /proc/self/maps names them at). The pages stay in the kernel's page cache, so a later read costs no disk read:
-    only this process's resident set shrinks. `datasets` maps its Arrow files read-only and shared, so nothing is
-    lost. Does nothing where there is no /proc (not Linux), nor for a dataset with no Arrow file (held in memory, or
-    any object that reads rows by indices)."""
+    """Release this process's resident pages of `dataset`'s Arrow files (madvise `MADV_PAGEOUT` on each range
+    /proc/self/maps names them at): the process's RSS drops them, and a later read of them reads the file again.
+    Pages that another process also has mapped stay. Does nothing where there is no /proc (not Linux), nor for a
+    dataset with no Arrow file (held in memory, or any object that reads rows by indices)."""
     files = getattr(dataset, "cache_files", None)
     if not files or not sys.platform.startswith("linux"):
         return
@@ -233,7 +235,7 @@ def release_mapped_pages(dataset: Any) -> None:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and fields[5].rstrip("\n") in names:
                 start, end = (int(address, 16) for address in fields[0].split("-"))
-                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED)
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_PAGEOUT)
 
 
 def repeated_values(rows: datasets.Dataset, column: str) -> list[Any]:
