@@ -185,10 +185,10 @@ def checked_rows(
             desc=f"checking {what} rows",
         )
         seconds = time.perf_counter() - started
-    release_mapped_pages(source)
     if cached:
         logger.info("%s: %d checked rows read from the cache %s (%s)", what, len(checked), cache, who)
     else:
+        release_mapped_pages(source)  # the rows since the pass's last release
         rate = len(source) / seconds if seconds > 0 else float("inf")
         logger.info("%s: %s checked %d rows (%.0f rows/s), cached in %s", what, who, len(source), rate, cache)
     # Whole Arrow columns, not `checked[ERROR]`: that is a `datasets.Column`, which formats one row at a time.
