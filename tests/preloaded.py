@@ -25,8 +25,20 @@ import tempfile
 import traceback
 from pathlib import Path
 
-# Read when the preloaded libraries are imported: a command whose value differs needs its own interpreter.
-IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTHON", "OMP_", "MKL_", "CUDA")
+# Read when the preloaded libraries are imported (DeepSpeed picks its accelerator then): a command whose value differs
+# needs its own interpreter.
+IMPORT_TIME_PREFIXES = (
+    "HF_",
+    "HUGGINGFACE",
+    "TRANSFORMERS",
+    "DATASETS",
+    "TORCH",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "CUDA",
+    "DS_",
+)
 _PRELOAD = "preload_libraries"  # tests/preload_libraries.py
 _context: multiprocessing.context.ForkServerContext | None = None
 _server_env: dict[str, str] = {}
