@@ -11,6 +11,10 @@ What a fork cannot give is a library that reads an environment variable while it
 falls back to a fresh interpreter whenever a variable that such libraries read (`HF_*`, `PYTHON*`, `TORCH_*`, ...)
 differs from the server's. Tests of interpreter start-up itself (the offline guard's `sitecustomize`) set
 `PYTHONPATH` and so always get a fresh interpreter.
+
+The server imports `PRELOAD` by module name from site-packages: Python 3.11's forkserver ignores the parent's
+`sys.path` and silently skips a module it cannot import, so a preload module kept in tests/ was never imported and
+every command imported the libraries itself. tests/test_preloaded.py checks that a command starts with them.
 """
 
 from __future__ import annotations
@@ -34,12 +38,39 @@ IMPORT_TIME_PREFIXES = (
     "DATASETS",
     "TORCH",
     "PYTHON",
+    "PYTORCH",
     "OMP_",
     "MKL_",
     "CUDA",
     "DS_",
 )
-_PRELOAD = "preload_libraries"  # tests/preload_libraries.py
+# What the entry points import, never our own code. Beyond the core stack: accelerate imports DeepSpeed in every
+# trainer when it is installed (`extract_model_from_parallel`), our callbacks import TensorBoard's hparams protos, the
+# VQA rewards `math_verify`, and every run loads one family's model, processor and tokenizer modules.
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.auto.processing_auto",
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
+    "transformers.models.qwen2_5_vl.processing_qwen2_5_vl",
+    "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5.tokenization_qwen3_5",
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl.processing_qwen3_vl",
+    "accelerate",
+    "datasets",
+    "deepspeed",
+    "peft",
+    "trl.trainer.grpo_trainer",
+    "trl.trainer.sft_trainer",
+    "trl.scripts.utils",
+    "math_verify",
+    "tensorboard.plugins.hparams.summary_v2",
+    "torch.utils.tensorboard",
+    "PIL.ImageDraw",
+)
 _context: multiprocessing.context.ForkServerContext | None = None
 _server_env: dict[str, str] = {}
 
@@ -52,7 +83,7 @@ def _server() -> multiprocessing.context.ForkServerContext:
     global _context, _server_env
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload([_PRELOAD])
+        _context.set_forkserver_preload(list(PRELOAD))
         _server_env = _import_time_env(dict(os.environ))
     return _context
 
