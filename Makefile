@@ -28,10 +28,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow"
 
 demo: install
 	$(PY) -m vision_grpo.demo
