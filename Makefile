@@ -28,6 +28,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 test: install
 	$(PY) -m ruff check .
+	$(PY) .ci/lint_imports.py
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: install
@@ -51,8 +52,9 @@ $(VLLM_VENV)/.installed: pyproject.toml tests_vllm/make_env.sh tests_vllm/patch_
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest tests_vllm -p no:cacheprovider -n 2 --dist loadfile
 
+# ruff, then the package's layers (import-linter, the contracts in pyproject.toml; see .ci/lint_imports.py).
 lint: install
-	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) .ci/lint_imports.py
 
 clean:
 	rm -rf runs results .pytest_cache .ruff_cache

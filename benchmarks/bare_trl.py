@@ -22,10 +22,11 @@ from peft import LoraConfig
 from transformers import AutoModelForImageTextToText
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
 
-from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
-from vision_grpo.modeling import resolve_model_path, vision_special_token_ids
-from vision_grpo.processing import load_processor
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.processing import load_processor
+from vision_grpo.models.vision import vision_special_token_ids
+from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.rewards import counting
 
 

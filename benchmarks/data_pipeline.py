@@ -26,11 +26,11 @@ import yaml
 from common import RECIPE, REPO, machine, markdown_table, median, report
 from PIL import Image
 
-from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset, shapes
 from vision_grpo.data.prompts_and_images import normalize_image
 from vision_grpo.data.task_shapes import spec as shape_spec
-from vision_grpo.tiny_model import FAMILIES, pixel_limits
+from vision_grpo.models.replicas.families import FAMILIES, pixel_limits
+from vision_grpo.recipe.arguments import TaskArguments
 
 _, MAX_PIXELS = pixel_limits(FAMILIES["qwen2.5-vl"])  # the tiny Qwen2.5-VL replica's processor limit
 DEMO_RECIPE = REPO / "recipes" / "shapes" / "tiny_grpo_demo.yaml"

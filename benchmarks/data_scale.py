@@ -60,7 +60,8 @@ def sample():
         time.sleep(0.02)
 
 from trl import GRPOConfig, ModelConfig
-from vision_grpo.config import TaskArguments, parse_recipe
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.data import get_dataset
 args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[3:])[0]
 threading.Thread(target=sample, daemon=True).start()

@@ -66,10 +66,12 @@ def measure(count: int, side: int, folder: Path) -> dict[str, float]:
     """In this process: write the split, evaluate it, return peak RSS (MiB) before and after the evaluation."""
     from trl import GRPOConfig, ModelConfig
 
-    from vision_grpo.config import TaskArguments, parse_recipe
-    from vision_grpo.eval.evaluate import EvalArguments, run_evaluation
-    from vision_grpo.evaluator import Evaluator
-    from vision_grpo.modeling import get_processor, load_model
+    from vision_grpo.evaluation.arguments import EvalArguments
+    from vision_grpo.evaluation.evaluate import run_evaluation
+    from vision_grpo.evaluation.evaluator import Evaluator
+    from vision_grpo.models.loading import get_processor, load_model
+    from vision_grpo.recipe.arguments import TaskArguments
+    from vision_grpo.recipe.parse import parse_recipe
 
     dataset = datasets.Dataset.from_generator(
         synthetic_rows, gen_kwargs={"count": count, "side": side}, features=FEATURES, cache_dir=str(folder / "cache")

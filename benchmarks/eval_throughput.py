@@ -22,11 +22,14 @@ from typing import Any
 from common import RECIPE, machine, markdown_table, median, report
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import EvalArguments, run_evaluation
-from vision_grpo.evaluator import build_evaluator
-from vision_grpo.modeling import get_peft_config, load_model, max_pixels_of
+from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.evaluate import run_evaluation
+from vision_grpo.evaluation.evaluator import build_evaluator
+from vision_grpo.models.loading import load_model, max_pixels_of
+from vision_grpo.models.lora import get_peft_config
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 
 def random_adapter(model_args: ModelConfig, task_args: TaskArguments, folder: Path) -> Path:

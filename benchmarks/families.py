@@ -22,8 +22,8 @@ from typing import Any
 from common import machine, markdown_table, report
 from train_overhead import run_once
 
-from vision_grpo.modeling import EMBEDDED_FAMILIES
-from vision_grpo.tiny_model import build_replica
+from vision_grpo.models.embedded import EMBEDDED_FAMILIES
+from vision_grpo.models.replicas.build import build_replica
 
 
 def build_figures(family: str, workdir: Path) -> dict[str, Any]:

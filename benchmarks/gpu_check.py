@@ -114,7 +114,7 @@ def real_config(name: str, toy: bool) -> Any:
     """The replica's config; at real size with the published dimensions put in (its token ids stay the replica's)."""
     from transformers import AutoConfig
 
-    from vision_grpo.modeling import resolve_model_path
+    from vision_grpo.models.embedded import resolve_model_path
 
     spec = MODELS[name]
     config = AutoConfig.from_pretrained(resolve_model_path(spec["replica"]))
@@ -140,7 +140,7 @@ def build(name: str, target: Path, toy: bool) -> Path:
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from vision_grpo.modeling import resolve_model_path
+    from vision_grpo.models.embedded import resolve_model_path
 
     if (target / "config.json").exists():
         return target
@@ -174,7 +174,7 @@ def gpu_peak() -> float | None:
 
 def stage_eval(recipe: str, args: list[str], output: str, batch: int, items: int, tokens: int) -> dict[str, Any]:
     """In this process: the evaluator on the first `items` questions of the fixed subset."""
-    from vision_grpo.eval import evaluate
+    from vision_grpo.evaluation import evaluate
 
     argv = ["--config", recipe, *args, "--output", output, "--batch_size", str(batch), "--limit", str(items)]
     result = evaluate.main([*argv, "--max_new_tokens", str(tokens)])

@@ -87,7 +87,8 @@ def parameter_count() -> int:
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vision_grpo.tiny_model import FAMILIES, build_tokenizer
+    from vision_grpo.models.replicas.build import build_tokenizer
+    from vision_grpo.models.replicas.families import FAMILIES
 
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(qwen2_5_vl_3b_config(build_tokenizer(FAMILIES["qwen2.5-vl"])))
@@ -99,7 +100,8 @@ def build(target: Path) -> Path:
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vision_grpo.tiny_model import FAMILIES, build_processor, build_tokenizer
+    from vision_grpo.models.replicas.build import build_processor, build_tokenizer
+    from vision_grpo.models.replicas.families import FAMILIES
 
     if (target / "config.json").exists():
         return target
@@ -138,11 +140,13 @@ def stage_eval(model_dir: str, items: int, batch: int, single: int, workdir: str
     import torch
     from trl import GRPOConfig, ModelConfig
 
-    from vision_grpo.config import TaskArguments, parse_recipe
     from vision_grpo.data import get_dataset
-    from vision_grpo.eval.evaluate import EvalArguments, run_evaluation
-    from vision_grpo.evaluator import build_evaluator
-    from vision_grpo.modeling import max_pixels_of
+    from vision_grpo.evaluation.arguments import EvalArguments
+    from vision_grpo.evaluation.evaluate import run_evaluation
+    from vision_grpo.evaluation.evaluator import build_evaluator
+    from vision_grpo.models.loading import max_pixels_of
+    from vision_grpo.recipe.arguments import TaskArguments
+    from vision_grpo.recipe.parse import parse_recipe
 
     argv = ["--config", str(RECIPE), "--model_name_or_path", model_dir, "--shapes_eval_size", str(items)]
     task, train, model_args, eval_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv)

@@ -1,5 +1,5 @@
 """The sampler/trainer logprob gap that numerics alone produce, in float32 and bf16 on the CPU: what the logprob-gap
-guard (vision_grpo/logprob_guard.py) must tolerate on a correct run.
+guard (vision_grpo/training/logprob_guard.py) must tolerate on a correct run.
 
     python benchmarks/logprob_gap.py [--models vision-grpo/tiny-qwen2.5-vl ... runs/.../demo] [--rows 8]
 
@@ -21,10 +21,12 @@ from common import RECIPE, machine, markdown_table
 from transformers import GenerationConfig
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-from vision_grpo.evaluator import Evaluator, read_batch
-from vision_grpo.modeling import get_processor, load_model, max_pixels_of
+from vision_grpo.evaluation.batches import read_batch
+from vision_grpo.evaluation.evaluator import Evaluator
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 FAMILIES = ["vision-grpo/tiny-qwen2.5-vl", "vision-grpo/tiny-qwen3-vl", "vision-grpo/tiny-qwen3.5"]
 

@@ -1,8 +1,8 @@
-"""The memory plan's formulas (vision_grpo/memory_formulas.py) against what the code keeps, per part, on CPU.
+"""The memory plan's formulas (vision_grpo/plan/formulas.py) against what the code keeps, per part, on CPU.
 
     python benchmarks/memory_plan.py [--quick] [--json FILE]
 
-Each family's shipped config (vision_grpo/model_configs/) at its real hidden size, heads, vocabulary and vision
+Each family's shipped config (vision_grpo/plan/model_configs/) at its real hidden size, heads, vocabulary and vision
 width, with 1 or 2 decoder layers (and vision blocks), LoRA r=32 as the GeoQA recipes, bf16 autocast as training.
 The models run on fake tensors (torch's FakeTensorMode): every op of transformers, PEFT and TRL runs with its real
 shapes, dtypes and CPU autocast rules but no data, so real sizes (a 248k vocabulary, thousands of tokens) cost
@@ -40,9 +40,9 @@ from torch.utils._pytree import tree_leaves
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from common import markdown_table, report  # noqa: E402
 
-from vision_grpo import memory_formulas as mf  # noqa: E402
-from vision_grpo.modeling import VISION_MODULE_PATTERN  # noqa: E402
-from vision_grpo.plan import SHIPPED_CONFIGS, parameter_counts  # noqa: E402
+from vision_grpo.models.vision import VISION_MODULE_PATTERN  # noqa: E402
+from vision_grpo.plan import formulas as mf  # noqa: E402
+from vision_grpo.plan.build import SHIPPED_CONFIGS, parameter_counts  # noqa: E402
 
 FAMILIES = {"Qwen2.5-VL-3B": "Qwen--Qwen2.5-VL-3B-Instruct", "Qwen3-VL-4B": "Qwen--Qwen3-VL-4B-Instruct"}
 FAMILIES["Qwen3.5-4B"] = "Qwen--Qwen3.5-4B"

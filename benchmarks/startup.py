@@ -42,16 +42,18 @@ def main() -> None:
     timed("import the entry point's modules", lambda: runpy.run_path(str(REPO / "recipes" / "train.py")))
     from trl import GRPOConfig
 
-    from vision_grpo.callbacks import TensorBoardHParams, recipe_hparams
     from vision_grpo.data import get_dataset
-    from vision_grpo.modeling import TINY_MODEL, get_peft_config, get_processor, load_model, max_pixels_of
-    from vision_grpo.recipe_run import RecipeRun
+    from vision_grpo.models.embedded import TINY_MODEL
+    from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+    from vision_grpo.models.lora import get_peft_config
+    from vision_grpo.models.replicas.build import build_replica
+    from vision_grpo.models.visual_tokens import check_visual_tokens
     from vision_grpo.rewards import get_recipe_rewards
-    from vision_grpo.runs import write_run_start
-    from vision_grpo.stopping import GracefulStop
-    from vision_grpo.tiny_model import build_replica
-    from vision_grpo.trainer import VisionGRPOTrainer
-    from vision_grpo.visual_tokens import check_visual_tokens
+    from vision_grpo.run.manifest import write_run_start
+    from vision_grpo.run.recipe_run import RecipeRun
+    from vision_grpo.run.stopping import GracefulStop
+    from vision_grpo.training.hparams import TensorBoardHParams, recipe_hparams
+    from vision_grpo.training.trainer import VisionGRPOTrainer
 
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         argv = ["--config", args.recipe, "--output_dir", tmp, "--run_name", "bench", "--report_to", "none"]

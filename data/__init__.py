@@ -1,10 +1,10 @@
 """Datasets of the recipes: `get_dataset(task_args, split, max_pixels)` returns rows ready for TRL and the evaluator.
 
-The rows come from the recipe's task (a module of this folder or of a recipe's `task_dirs`, see vision_grpo/tasks.py):
-`task_shapes.py`, `task_geoqa.py`, `task_vqa.py` (any VQA dataset, configured in the recipe). Every row has `id`, a
-conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see `prompts_and_images.py`, the
-multimodal collator), and the columns the task's rewards read. Rows are built once per dataset with `Dataset.map`,
-so no image is re-normalised at every training step.
+The rows come from the recipe's task (a module of this folder or of a recipe's `task_dirs`, see
+vision_grpo/plugins/tasks.py): `task_shapes.py`, `task_geoqa.py`, `task_vqa.py` (any VQA dataset, configured in the
+recipe). Every row has `id`, a conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see
+`prompts_and_images.py`, the multimodal collator), and the columns the task's rewards read. Rows are built once per
+dataset with `Dataset.map`, so no image is re-normalised at every training step.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import datasets
 
-from vision_grpo.tasks import task_of
+from vision_grpo.plugins.tasks import task_of
 
 logger = logging.getLogger(__name__)
 

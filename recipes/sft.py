@@ -8,7 +8,7 @@ answer forms gives it something to improve. Same data, prompts and image normali
 
 from __future__ import annotations
 
-import vision_grpo.launched  # first: a launcher killed while the imports below run stops this worker too
+import vision_grpo.run.launched  # first: a launcher killed while the imports below run stops this worker too
 
 # isort: split
 import logging
@@ -18,10 +18,11 @@ from pathlib import Path
 from trl import SFTConfig, SFTTrainer
 
 from vision_grpo.data import get_dataset, with_sft_completions
-from vision_grpo.lora_targets import check_lora_targets
-from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
-from vision_grpo.recipe_run import RecipeRun
-from vision_grpo.stopping import GracefulStop
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.models.lora import check_lora_targets, get_peft_config
+from vision_grpo.models.vision import freeze_vision_tower
+from vision_grpo.run.recipe_run import RecipeRun
+from vision_grpo.run.stopping import GracefulStop
 
 logger = logging.getLogger("vision_grpo.sft")
 
@@ -69,5 +70,5 @@ def train(run: RecipeRun) -> Path:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with vision_grpo.launched.errors_named_first():
+    with vision_grpo.run.launched.errors_named_first():
         main()

@@ -28,9 +28,10 @@ from typing import Any
 import yaml
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.eval import compare_runs
-from vision_grpo.launched import die_with_parent
+from vision_grpo.evaluation.training_curves import write_comparison
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.launched import die_with_parent
 
 logger = logging.getLogger("vision_grpo.sweep")
 TRAIN = Path(__file__).resolve().with_name("train.py")
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
         run_dirs.append(output_dir / name)
     if run_dirs:
         compare_output = args.compare_output or f"results/sweeps/{args.sweep_name}"
-        compare_runs.main([*(str(d) for d in run_dirs), "--output", compare_output])
+        write_comparison([str(d) for d in run_dirs], Path(compare_output))
     return run_dirs
 
 

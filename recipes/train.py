@@ -7,7 +7,7 @@ Stages: parse the recipe -> processor -> rewards -> model -> dataset -> TRL's GR
 
 from __future__ import annotations
 
-import vision_grpo.launched  # first: a launcher killed while the imports below run stops this worker too
+import vision_grpo.run.launched  # first: a launcher killed while the imports below run stops this worker too
 
 # isort: split
 import logging
@@ -16,17 +16,19 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
 from vision_grpo.data import get_dataset
-from vision_grpo.logprob_guard import LogprobGapGuard
-from vision_grpo.lora_targets import check_lora_targets
-from vision_grpo.modeling import freeze_vision_tower, get_peft_config, get_processor, load_model, max_pixels_of
-from vision_grpo.plan import check_before_training
-from vision_grpo.recipe_run import RecipeRun
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.models.lora import check_lora_targets, get_peft_config
+from vision_grpo.models.vision import freeze_vision_tower
+from vision_grpo.models.visual_tokens import check_visual_tokens
+from vision_grpo.plan.check import check_before_training
 from vision_grpo.rewards import get_recipe_rewards
-from vision_grpo.stopping import GracefulStop
-from vision_grpo.trainer import VisionGRPOTrainer
-from vision_grpo.visual_tokens import check_visual_tokens
+from vision_grpo.run.recipe_run import RecipeRun
+from vision_grpo.run.stopping import GracefulStop
+from vision_grpo.training.holdout import HoldoutAccuracy
+from vision_grpo.training.hparams import TensorBoardHParams, recipe_hparams
+from vision_grpo.training.logprob_guard import LogprobGapGuard
+from vision_grpo.training.trainer import VisionGRPOTrainer
 
 logger = logging.getLogger("vision_grpo.train")
 
@@ -85,5 +87,5 @@ def train(run: RecipeRun) -> Path:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with vision_grpo.launched.errors_named_first():
+    with vision_grpo.run.launched.errors_named_first():
         main()

@@ -9,7 +9,7 @@ chat messages (`[{"role": "assistant", "content": str}]`) or strings; every data
 Plugins are code: they run with your permissions. Only this folder and folders you name are ever imported.
 """
 
-from vision_grpo.reward_registry import (
+from vision_grpo.plugins.rewards import (
     BUILTIN_DIR,
     RegisteredReward,
     RewardFunc,

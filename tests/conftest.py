@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import preloaded
 import pytest
@@ -71,9 +73,18 @@ def environment_as_it_was() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     """The embedded tiny VLM, built once per test session through the same resolver the recipes use."""
-    from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+    from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
 
     return Path(resolve_model_path(TINY_MODEL))
+
+
+def entry_point(relative: str) -> ModuleType:
+    """An entry-point script of the repository (`eval/compare.py`, ...) loaded as a module, without running its
+    `__main__` block: the entry points are files users run, not modules of the package."""
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(args: list[str], timeout: float = 600, env: dict[str, str] | None = None, check: bool = True):

@@ -13,9 +13,11 @@ import yaml
 from peft import get_peft_model
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.modeling import get_peft_config, get_processor, load_model
-from vision_grpo.runs import model_identity
+from vision_grpo.models.loading import get_processor, load_model
+from vision_grpo.models.lora import get_peft_config
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.manifest import model_identity
 
 # Other pixel limits than the replicas' own: the exported processor must carry the recipe's.
 PIXELS = {"min_pixels": 40000, "max_pixels": 50176}

@@ -25,7 +25,8 @@ from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from trl import GRPOConfig, ModelConfig, SFTConfig, TrlParser
 from trl.scripts.vllm_serve import ScriptArguments as VLLMServeArguments
 
-from vision_grpo.config import TaskArguments, parse_recipe
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 CONFIGS = sorted((REPO / "accelerate_configs").glob("*.yaml"))
 RECIPES = sorted((REPO / "recipes").rglob("*.yaml"))
@@ -217,8 +218,8 @@ def test_vllm_recipes_parse_and_our_code_imports_without_vllm(tmp_path: Path) ->
     code = (
         "import runpy, sys\n"
         "from trl import GRPOConfig, ModelConfig\n"
-        "import vision_grpo.data, vision_grpo.rewards, vision_grpo.trainer, vision_grpo.eval.evaluate\n"
-        "from vision_grpo.config import TaskArguments, parse_recipe\n"
+        "import vision_grpo.data, vision_grpo.rewards, vision_grpo.training.trainer, vision_grpo.evaluation.evaluate\n"
+        "from vision_grpo.recipe.arguments import TaskArguments\nfrom vision_grpo.recipe.parse import parse_recipe\n"
         "runpy.run_path('recipes/train.py')\n"
         "for recipe in sys.argv[1:]:\n"
         "    _, trainer, _ = parse_recipe((TaskArguments, GRPOConfig, ModelConfig),"

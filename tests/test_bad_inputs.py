@@ -26,14 +26,16 @@ from test_prompts_and_images import png_header_only
 from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, unused_rows
 from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
 from vision_grpo.data.prompts_and_images import RowRefused, make_example
-from vision_grpo.modeling import TINY_MODEL, load_model
-from vision_grpo.recipe_run import RecipeRun
+from vision_grpo.models.embedded import TINY_MODEL
+from vision_grpo.models.loading import load_model
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, discover, get_reward_funcs
+from vision_grpo.run.recipe_run import RecipeRun
 
 TINY_RECIPE = "recipes/shapes/tiny_cpu.yaml"
 MAX_PIXELS = 168 * 168  # the tiny model's processor limit
@@ -412,7 +414,7 @@ def test_no_shipped_recipe_turns_on_remote_code(recipe: Path) -> None:
 
 
 def test_turning_on_remote_code_warns(tiny_model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="vision_grpo.modeling"):
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.models.loading"):
         load_model(ModelConfig(model_name_or_path=TINY_MODEL, dtype="float32"), trust_remote_code=True)
     assert f"trust_remote_code is on: code from {TINY_MODEL} will run" in caplog.text
 

@@ -1,4 +1,4 @@
-"""HParams in TensorBoard and the held-out accuracy callback (vision_grpo/callbacks.py)."""
+"""HParams in TensorBoard and the held-out accuracy callback (vision_grpo/training/holdout.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ from tensorboard.plugins.hparams import api_pb2, metadata
 from transformers import TrainerControl, TrainerState
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.callbacks import HoldoutAccuracy, TensorBoardHParams, recipe_hparams
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import Evaluator, images_of
-from vision_grpo.modeling import get_processor, load_model, max_pixels_of
+from vision_grpo.evaluation.batches import images_of
+from vision_grpo.evaluation.evaluator import Evaluator
+from vision_grpo.evaluation.scoring import summarize
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_reward_funcs
+from vision_grpo.training.holdout import HoldoutAccuracy
+from vision_grpo.training.hparams import TensorBoardHParams, recipe_hparams
 
 RECIPE = str(REPO / "recipes" / "shapes" / "tiny_cpu.yaml")
 

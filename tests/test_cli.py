@@ -10,9 +10,10 @@ import pytest
 from conftest import run_script
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
-from vision_grpo.eval.evaluate import EvalArguments
-from vision_grpo.launched import errors_named_first
+from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.launched import errors_named_first
 
 GRPO_CLASSES = (TaskArguments, GRPOConfig, ModelConfig)
 RECIPE = "recipes/shapes/tiny_cpu.yaml"

@@ -9,24 +9,22 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_script
+from conftest import entry_point, run_script
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vision_grpo.data import task_shapes
-from vision_grpo.eval.compare import (
-    ItemMismatch,
-    ResultError,
+from vision_grpo.evaluation.comparison import (
     check_same_items,
     comparison_table,
-    exact_binomial_p,
     grounding_table,
     load_result,
-    main,
-    mcnemar_exact,
     plot_comparison,
 )
-from vision_grpo.eval.scoring import summarize
+from vision_grpo.evaluation.scoring import summarize
+from vision_grpo.evaluation.statistics import ItemMismatch, ResultError, exact_binomial_p, mcnemar_exact
+
+main = entry_point("eval/compare.py").main
 
 GOLD = [1, 2, 3, 4, 5, 1, 2, 3]
 SHAPES = ["circles", "squares", "triangles", "circles", "squares", "triangles", "circles", "squares"]

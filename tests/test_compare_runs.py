@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_script
+from conftest import REPO, entry_point, run_script
 from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
 
-from vision_grpo.config import RecipeError
-from vision_grpo.eval.compare_runs import (
+from vision_grpo.evaluation.training_curves import (
     Run,
     compare,
     compare_group,
@@ -24,6 +23,7 @@ from vision_grpo.eval.compare_runs import (
     load_runs,
     smooth,
 )
+from vision_grpo.recipe.arguments import RecipeError
 
 _spec = importlib.util.spec_from_file_location("sweep", REPO / "recipes" / "sweep.py")
 sweep = importlib.util.module_from_spec(_spec)
@@ -242,8 +242,7 @@ def test_the_two_compare_commands_default_to_different_files(tmp_path, monkeypat
     """Running the README in order once lost `compare.py`'s chart: `compare_runs.py` wrote the same file names."""
     from test_compare import BASE, TRAINED
 
-    from vision_grpo.eval import compare as compare_results
-    from vision_grpo.eval import compare_runs
+    compare_results, compare_runs = entry_point("eval/compare.py"), entry_point("eval/compare_runs.py")
 
     monkeypatch.chdir(tmp_path)
     for name, result in (("base", BASE), ("trained", TRAINED)):

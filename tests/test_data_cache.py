@@ -15,9 +15,11 @@ from PIL import Image
 from test_resume import earlier_run
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, prepared
-from vision_grpo.recipe_run import RecipeRun, RunConflict
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.recipe_run import RecipeRun
+from vision_grpo.run.resume import RunConflict
 
 MAX_PIXELS = 168 * 168
 
@@ -84,7 +86,8 @@ def test_a_resume_after_the_answers_were_edited_in_place_is_refused(tmp_path: Pa
 SCRIPT = """
 import logging, os, sys
 from trl import GRPOConfig, ModelConfig
-from vision_grpo.config import TaskArguments, parse_recipe
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.data import get_dataset, prepared
 logging.basicConfig(level=logging.INFO, format=f"RANK{os.environ['RANK']} %(name)s: %(message)s")
 args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[1:])[0]

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
 from vision_grpo.data.task_vqa import VQADataError
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 MAX_PIXELS = 100 * 100
 ORIENTATION = 0x0112  # the EXIF tag

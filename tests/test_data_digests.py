@@ -17,10 +17,11 @@ import pytest
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.data.vqa_fixtures import write_fixtures
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 MAX_PIXELS = 168 * 168
 CASES = {

@@ -13,9 +13,10 @@ import pytest
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.task_vqa import VQADataError
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 MAX_PIXELS = 168 * 168
 

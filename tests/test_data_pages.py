@@ -17,9 +17,10 @@ import pytest
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, prepared
-from vision_grpo.evaluator import chunks, read_batch
+from vision_grpo.evaluation.batches import chunks, read_batch
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 ROWS = 1000
 SIDE = 120  # noise PNG: ≈43 KB a row, ≈43 MB of images in all, ten releases' worth of rows

@@ -20,10 +20,12 @@ from PIL import Image
 from transformers import AutoConfig
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset, prepared
-from vision_grpo.modeling import TINY_MODEL, get_processor, max_pixels_of, resolve_model_path
-from vision_grpo.visual_tokens import RECHECK_SAMPLES, VisualTokenMismatch, check_visual_tokens
+from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
+from vision_grpo.models.loading import get_processor, max_pixels_of
+from vision_grpo.models.visual_tokens import RECHECK_SAMPLES, VisualTokenMismatch, check_visual_tokens
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 ROWS = 300
 BAD = {7, 150, 299}  # rows whose answer is not a number

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from conftest import run_script
 
-from vision_grpo.config import RecipeError, TaskArguments
 from vision_grpo.data import with_sft_completions
-from vision_grpo.eval.compare import mcnemar_exact
-from vision_grpo.pass_at_k import summarize_samples
+from vision_grpo.evaluation.pass_at_k import summarize_samples
+from vision_grpo.evaluation.statistics import mcnemar_exact
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 
 REPO = Path(__file__).resolve().parent.parent
 # Result-file prefix of each experiment, its models and their column labels in the report.
@@ -129,7 +129,7 @@ def test_quick_demo_end_to_end(tmp_path):
 
 
 def test_a_failed_stage_names_its_log_and_shows_its_end(tmp_path: Path) -> None:
-    from vision_grpo.demo import RUNNING, run_stage
+    from vision_grpo.demo.stages import RUNNING, run_stage
 
     script = tmp_path / "fails.py"
     script.write_text("import sys\nprint('step 3 of 5')\nsys.exit('the reason it failed')\n")
@@ -205,28 +205,28 @@ def test_a_failed_stage_stops_the_stage_running_beside_it(tmp_path: Path, monkey
     and the other stage is sent SIGTERM (our entry points then save a checkpoint) instead of running on to its end."""
     import signal
 
-    from vision_grpo import demo
+    from vision_grpo.demo import cli, stages
 
     fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
     fails.write_text("import sys, time\ntime.sleep(2)\nsys.exit('warm start failed')\n")
     sleeps.write_text("import time\ntime.sleep(60)\n")  # ends by itself (exit 0) if nobody stops it
     started: list = []
-    real_popen = demo.subprocess.Popen
+    real_popen = stages.subprocess.Popen
 
     def popen(command, **kwargs):
         process = real_popen(command, **kwargs)
         started.append((command[1], process))
         return process
 
-    real_run_stage = demo.run_stage
+    real_run_stage = stages.run_stage
 
     def run_stage(script, recipe, *args):  # the real run_stage, with a stand-in script for each experiment
         return real_run_stage(str(sleeps if "biased" in recipe else fails), recipe, *args)
 
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
-    monkeypatch.setattr(demo, "run_stage", run_stage)
+    monkeypatch.setattr(stages.subprocess, "Popen", popen)
+    monkeypatch.setattr(stages, "run_stage", run_stage)
     with pytest.raises(SystemExit, match="warm start failed"):
-        demo.main(["--jobs", "2", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")])
+        cli.main(["--jobs", "2", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")])
     (sleeper,) = [process for script, process in started if script == str(sleeps)]
     assert sleeper.returncode == -signal.SIGTERM
-    assert not demo.RUNNING
+    assert not stages.RUNNING

@@ -17,7 +17,7 @@ from conftest import REPO, run_script
 from recording.recorder import GLOO_ONLY_ENV, RECORD_ENV, TINY_RECIPE, read_records, recorded_training_args
 from safetensors.torch import load_file
 
-from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
 
 # `python rank_clock.py <script> <args>`: the script, with rank r's clock 2 r seconds ahead (as on two machines, or
 # two processes that straddle a second), so a run name taken from each rank's own clock names two folders.
@@ -27,7 +27,7 @@ import os
 import runpy
 import sys
 
-from vision_grpo import recipe_run
+from vision_grpo.run import recipe_run
 
 
 class RankClock(real.datetime):

@@ -31,18 +31,24 @@ from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.callbacks import HoldoutAccuracy
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.data.prompts_and_images import fill_image
-from vision_grpo.eval import evaluate
-from vision_grpo.eval.adapters import AdapterMismatch, load_verified_adapter
-from vision_grpo.eval.evaluate import TIMING_KEYS, EvalArguments, partial_path, reproducible_argv
-from vision_grpo.eval.scoring import summarize
-from vision_grpo.evaluator import Evaluator, default_max_new_tokens
-from vision_grpo.modeling import TINY_MODEL, get_processor, is_vision_parameter, load_model, max_pixels_of
-from vision_grpo.tiny_model import FAMILIES, build_tokenizer, qwen2_5_vl_config
+from vision_grpo.evaluation import evaluate, results
+from vision_grpo.evaluation.adapters import AdapterMismatch, load_verified_adapter
+from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.evaluate import TIMING_KEYS
+from vision_grpo.evaluation.evaluator import Evaluator, default_max_new_tokens
+from vision_grpo.evaluation.results import partial_path, reproducible_argv
+from vision_grpo.evaluation.scoring import summarize
+from vision_grpo.models.embedded import TINY_MODEL
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.models.replicas.build import build_tokenizer
+from vision_grpo.models.replicas.families import FAMILIES, qwen2_5_vl_config
+from vision_grpo.models.vision import is_vision_parameter
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.training.holdout import HoldoutAccuracy
 
 RECIPE_CLASSES = (TaskArguments, GRPOConfig, ModelConfig, EvalArguments)
 SHAPES_RECIPE = "recipes/shapes/tiny_cpu.yaml"
@@ -321,7 +327,7 @@ def _header_and_records(records: int) -> bytes:
 def test_a_finished_result_is_not_replaced_without_overwrite(tmp_path: Path) -> None:
     output = tmp_path / "eval.json"
     output.write_text('{"summary": {}}')
-    with pytest.raises(evaluate.OutputConflict, match=r"eval.json already holds a result: pass --overwrite"):
+    with pytest.raises(results.OutputConflict, match=r"eval.json already holds a result: pass --overwrite"):
         evaluate.main(["--config", SHAPES_RECIPE, "--output", str(output)])
     assert output.read_text() == '{"summary": {}}'
 
@@ -330,7 +336,7 @@ def test_an_interrupted_evaluation_is_not_thrown_away_without_resume(tmp_path: P
     output = tmp_path / "eval.json"
     partial_path(output).write_bytes(_header_and_records(2))
     before = partial_path(output).read_bytes()
-    with pytest.raises(evaluate.OutputConflict, match=r"holds 2 record\(s\) .*--resume .*--overwrite"):
+    with pytest.raises(results.OutputConflict, match=r"holds 2 record\(s\) .*--resume .*--overwrite"):
         evaluate.main(["--config", SHAPES_RECIPE, "--output", str(output)])
     assert partial_path(output).read_bytes() == before and not output.exists()
 
@@ -339,12 +345,12 @@ def test_a_partial_file_cut_inside_a_character_resumes_from_its_complete_lines(t
     partial = tmp_path / "eval.json.partial.jsonl"
     whole = _header_and_records(3)
     partial.write_bytes(whole[: whole.rindex("数".encode()) + 1])  # the last record cut inside a 3-byte character
-    assert set(evaluate.read_partial(partial, {"model": "m"})) == {"r0", "r1"}
+    assert set(results.read_partial(partial, {"model": "m"})) == {"r0", "r1"}
 
 
 def _hold(output: str, held, release) -> None:
     """A process holding the output as a running evaluation does, until told to let go."""
-    with evaluate.hold_output(Path(output)):
+    with results.hold_output(Path(output)):
         held.set()
         release.wait(60)
 
@@ -397,7 +403,7 @@ def test_resuming_after_the_adapter_changed_is_refused_before_the_model_loads(
         raise AssertionError("the model was loaded before the resume was refused")
 
     monkeypatch.setattr(evaluate, "build_evaluator", not_loaded)
-    with pytest.raises(evaluate.OutputConflict, match=r"cannot resume: .* \(adapter_weights: '[0-9a-f]{64}' then"):
+    with pytest.raises(results.OutputConflict, match=r"cannot resume: .* \(adapter_weights: '[0-9a-f]{64}' then"):
         evaluate.main([*args, "--resume"])
     assert partial_path(output).read_bytes() == before
 

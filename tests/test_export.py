@@ -19,11 +19,12 @@ from lora_runs import PIXELS, lora_run, randomise, write_run
 from safetensors import safe_open
 from transformers import AutoModelForImageTextToText
 
-from vision_grpo import export as export_module
-from vision_grpo.eval import evaluate
-from vision_grpo.eval.vllm_backend import UnservableAdapter, check_vllm_lora
-from vision_grpo.export import ExportError
-from vision_grpo.modeling import get_processor, load_model, resolve_model_path
+from vision_grpo.evaluation import evaluate
+from vision_grpo.evaluation.vllm_backend import UnservableAdapter, check_vllm_lora
+from vision_grpo.export import cli as export_cli
+from vision_grpo.export.checks import ExportError
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.loading import get_processor, load_model
 
 RECIPE = "recipes/shapes/tiny_cpu.yaml"
 EVAL = ["--limit", "6", "--max_new_tokens", "12", "--batch_size", "3"]
@@ -47,7 +48,7 @@ def weight_names(folder: Path) -> set[str]:
 def test_exported_adapter_answers_as_the_unmerged_adapter(replica: str, tmp_path: Path) -> None:
     run_dir = lora_run(tmp_path / "run", replica, RECIPE)
     output = tmp_path / "exported"
-    export_module.main(["--adapter", str(run_dir), "--output", str(output), "--max_shard_size", "200KB"])
+    export_cli.main(["--adapter", str(run_dir), "--output", str(output), "--max_shard_size", "200KB"])
 
     pixels = ["--model_name_or_path", replica, *[f"--{k}={v}" for k, v in PIXELS.items()]]
     adapter = evaluate_records(tmp_path, "adapter", *pixels, "--adapter", str(run_dir))
@@ -83,7 +84,7 @@ def test_full_fine_tuned_run_is_resaved_and_answers_as_before(tmp_path: Path) ->
     model.save_pretrained(run_dir)
     get_processor(model_args, task_args).save_pretrained(run_dir)
     output = tmp_path / "exported"
-    export_module.main(["--adapter", str(run_dir), "--output", str(output)])
+    export_cli.main(["--adapter", str(run_dir), "--output", str(output)])
 
     trained = evaluate_records(tmp_path, "trained", "--model_name_or_path", str(run_dir))
     base = evaluate_records(tmp_path, "base", "--model_name_or_path", replica)
@@ -102,7 +103,7 @@ def test_output_that_holds_something_is_refused_before_loading(qwen2_5_run: Path
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(ExportError, match="already holds something"):
-        export_module.main(["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out")])
+        export_cli.main(["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out")])
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["keep.txt"]
 
 
@@ -115,20 +116,20 @@ def test_adapter_of_other_weights_is_refused(qwen2_5_run: Path, tmp_path: Path) 
     model.save_pretrained(other)
     argv = ["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out"), "--model_name_or_path", str(other)]
     with pytest.raises(ExportError, match="trained on other weights"):
-        export_module.main(argv)
+        export_cli.main(argv)
     assert not (tmp_path / "out").exists()
 
 
 def test_absent_base_is_refused(qwen2_5_run: Path, tmp_path: Path) -> None:
     argv = ["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out")]
     with pytest.raises(ExportError, match="is not available here"):
-        export_module.main([*argv, "--model_name_or_path", str(tmp_path / "gone")])
+        export_cli.main([*argv, "--model_name_or_path", str(tmp_path / "gone")])
 
 
 def test_push_to_hub_is_refused_offline_before_any_work(qwen2_5_run: Path, tmp_path: Path) -> None:
     argv = ["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out"), "--push_to_hub", "me/policy"]
     with pytest.raises(ExportError, match="HF_HUB_OFFLINE=1"):
-        export_module.main(argv)
+        export_cli.main(argv)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -138,7 +139,7 @@ def test_model_card_figures_are_the_result_files(qwen2_5_run: Path, tmp_path: Pa
     pixels = [f"--{k}={v}" for k, v in PIXELS.items()]
     evaluate.main(["--config", RECIPE, *EVAL, *pixels, "--adapter", str(qwen2_5_run), "--output", str(result_path)])
     output = tmp_path / "exported"
-    export_module.main(["--adapter", str(qwen2_5_run), "--output", str(output), "--eval", str(result_path)])
+    export_cli.main(["--adapter", str(qwen2_5_run), "--output", str(output), "--eval", str(result_path)])
 
     result = json.loads(result_path.read_text())
     card = ModelCard.load(output / "README.md")
@@ -162,7 +163,7 @@ def test_eval_file_of_other_weights_is_refused(qwen2_5_run: Path, tmp_path: Path
     result.write_text(json.dumps({"summary": {}, "records": [], "metadata": {"adapter_weights": "f" * 64}}))
     argv = ["--adapter", str(qwen2_5_run), "--output", str(tmp_path / "out"), "--eval", str(result)]
     with pytest.raises(ExportError, match="evaluated other weights"):
-        export_module.main(argv)
+        export_cli.main(argv)
     assert not (tmp_path / "out").exists()
 
 
@@ -172,7 +173,7 @@ def test_vision_tower_lora_is_merged_by_export_and_refused_by_vllm_unmerged(tmp_
     with pytest.raises(UnservableAdapter, match="vision tower.*python -m vision_grpo.export"):
         check_vllm_lora(run_dir)
     output = tmp_path / "exported"
-    export_module.main(["--adapter", str(run_dir), "--output", str(output)])
+    export_cli.main(["--adapter", str(run_dir), "--output", str(output)])
     pixels = [f"--{k}={v}" for k, v in PIXELS.items()]
     adapter = evaluate_records(tmp_path, "adapter", *pixels, "--adapter", str(run_dir))
     merged = evaluate_records(tmp_path, "merged", "--model_name_or_path", str(output))

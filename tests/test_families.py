@@ -18,12 +18,14 @@ from conftest import FAMILY_MODELS, REPO, run_script
 from recording.recorder import FORCE_ENV, RECORD_ENV, RECORDING, force_vision_tokens, read_records
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.data.vqa_fixtures import write_fixtures
-from vision_grpo.evaluator import Evaluator
-from vision_grpo.modeling import get_processor, load_model, max_pixels_of, vision_special_token_ids
+from vision_grpo.evaluation.evaluator import Evaluator
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.models.vision import vision_special_token_ids
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 QWEN2_5, QWEN3_VL, QWEN3_5 = FAMILY_MODELS
 # (recipe, replica of the family it names): the seed's Qwen3.5-4B GeoQA run first.

@@ -11,15 +11,15 @@ import pytest
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo import pass_at_k
-from vision_grpo.callbacks import HoldoutAccuracy
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.vqa_fixtures import write_fixtures
-from vision_grpo.eval import evaluate
-from vision_grpo.evaluator import read_batch
-from vision_grpo.modeling import get_processor, load_model, max_pixels_of
+from vision_grpo.evaluation import evaluate, pass_at_k
+from vision_grpo.evaluation.batches import read_batch
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_recipe_rewards
+from vision_grpo.training.holdout import HoldoutAccuracy
 
 MULTI_IMAGE_RECIPES = ["recipes/vqa/tiny_two_image.yaml", "recipes/vqa/tiny_geometry3k.yaml"]
 

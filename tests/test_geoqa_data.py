@@ -17,11 +17,11 @@ import pytest
 from conftest import run_script
 from PIL import Image
 
-from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa import GeoQADataError, load_split, prepare
 from vision_grpo.data.geoqa_fixture import fixture_rows, write_fixture
 from vision_grpo.data.prompts_and_images import fill_image
+from vision_grpo.recipe.arguments import TaskArguments
 
 MAX_PIXELS = 168 * 168  # the tiny model's processor limit; any value works for the data itself
 TRAIN_ROWS = 300
@@ -106,7 +106,7 @@ def test_another_test_split_size_fails_unless_allowed(tmp_path: Path) -> None:
 
 
 def test_prompt_is_the_seeds_template(fixture_path: Path, raw_rows: list[dict], tiny_model_path: Path) -> None:
-    from vision_grpo.processing import load_processor
+    from vision_grpo.models.processing import load_processor
 
     row = get_dataset(task(fixture_path), "train", MAX_PIXELS)[0]
     raw = next(r for r in raw_rows if str(r["id"]) == row["id"])

@@ -12,8 +12,9 @@ from conftest import REPO, run_script
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
 from vision_grpo.data.geoqa_fixture import write_fixture
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_reward_funcs
 
 RECIPES = sorted((REPO / "recipes" / "geoqa").glob("*.yaml"))

@@ -13,9 +13,10 @@ from lora_runs import lora_run
 from safetensors.torch import load_file, save_file
 from trl import ModelConfig
 
-from vision_grpo.eval.adapters import AdapterMismatch, load_verified_adapter, model_skeleton
-from vision_grpo.evaluator import Evaluator
-from vision_grpo.modeling import EMBEDDED_FAMILIES, get_processor, load_model, resolve_model_path
+from vision_grpo.evaluation.adapters import AdapterMismatch, load_verified_adapter, model_skeleton
+from vision_grpo.evaluation.evaluator import Evaluator
+from vision_grpo.models.embedded import EMBEDDED_FAMILIES, resolve_model_path
+from vision_grpo.models.loading import get_processor, load_model
 
 RECIPE = "recipes/shapes/tiny_cpu.yaml"
 

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from vision_grpo import memory_formulas as mf
-from vision_grpo import plan as plan_module
-from vision_grpo.config import RecipeError
+from vision_grpo.plan import build as plan_build
+from vision_grpo.plan import check as plan_check
+from vision_grpo.plan import cli as plan_cli
+from vision_grpo.plan import formulas as mf
+from vision_grpo.plan.parts import GiB
+from vision_grpo.recipe.arguments import RecipeError
 
 REPO = Path(__file__).resolve().parents[1]
 # Every GRPO recipe (the SFT warm starts, recipes/sft.py's, are another trainer the plan does not model)
@@ -22,7 +25,7 @@ RECIPES = sorted(str(p.relative_to(REPO)) for p in (REPO / "recipes").glob("**/*
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_plan_command_runs_offline_on_every_shipped_recipe(recipe: str, capsys, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
-    assert plan_module.main(["--config", recipe]) == 0
+    assert plan_cli.main(["--config", recipe]) == 0
     out = capsys.readouterr().out
     assert "peak (" in out and "141 GiB card" in out and "weights" in out
 
@@ -72,7 +75,7 @@ def test_qwen3_5_layer_formula_matches_what_autograd_keeps(layer_type: str, fake
     from torch.multiprocessing.reductions import StorageWeakRef
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    config = AutoConfig.from_pretrained(plan_module.SHIPPED_CONFIGS / "Qwen--Qwen3.5-4B.json")
+    config = AutoConfig.from_pretrained(plan_build.SHIPPED_CONFIGS / "Qwen--Qwen3.5-4B.json")
     text = config.get_text_config()
     text.num_hidden_layers, text.layer_types, text.vocab_size = 2, [layer_type] * 2, 512
     if not fake:
@@ -114,7 +117,8 @@ def test_qwen3_5_layer_formula_matches_what_autograd_keeps(layer_type: str, fake
 def _recipe(path: str, *overrides: str):
     from trl import GRPOConfig, ModelConfig
 
-    from vision_grpo.config import TaskArguments, parse_recipe
+    from vision_grpo.recipe.arguments import TaskArguments
+    from vision_grpo.recipe.parse import parse_recipe
 
     task_args, training_args, model_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig), ["--config", path, "--use_cpu", "true", *overrides]
@@ -127,7 +131,7 @@ def _fake_gpu(monkeypatch, gib: float) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    properties = types.SimpleNamespace(total_memory=int(gib * plan_module.GiB))
+    properties = types.SimpleNamespace(total_memory=int(gib * GiB))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: properties)
 
 
@@ -135,13 +139,13 @@ def test_a_plan_over_the_present_gpu_is_refused_naming_the_key(monkeypatch) -> N
     monkeypatch.chdir(REPO)
     _fake_gpu(monkeypatch, 16)
     with pytest.raises(RecipeError, match=r"this GPU \(Fake GPU\) has 16.0 GiB; change `steps_per_generation`"):
-        plan_module.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml"))
+        plan_check.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml"))
 
 
 def test_a_plan_within_the_gpu_or_with_the_check_off_passes(monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     _fake_gpu(monkeypatch, 141)
-    assert plan_module.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml")) is not None
+    assert plan_check.check_before_training(*_recipe("recipes/geoqa/qwen3_5_4b_lora.yaml")) is not None
     _fake_gpu(monkeypatch, 16)
     args = _recipe("recipes/geoqa/qwen3_5_4b_lora.yaml", "--memory_plan_check", "false")
-    assert plan_module.check_before_training(*args).total() > 16 * plan_module.GiB
+    assert plan_check.check_before_training(*args).total() > 16 * GiB

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_grpo import memory_formulas as mf
-from vision_grpo import plan as plan_module
+from vision_grpo.plan import build as plan_build
+from vision_grpo.plan import formulas as mf
 
 FAMILIES = {
     "qwen2_5_vl": ("Qwen--Qwen2.5-VL-3B-Instruct", ["full_attention"] * 2),
@@ -33,7 +33,7 @@ def test_prefill_term_matches_the_peak_of_a_real_width_prefill(
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     name, layer_types = FAMILIES[family]
-    config = AutoConfig.from_pretrained(plan_module.SHIPPED_CONFIGS / f"{name}.json")
+    config = AutoConfig.from_pretrained(plan_build.SHIPPED_CONFIGS / f"{name}.json")
     text = config.get_text_config()
     text.num_hidden_layers, text.vocab_size = len(layer_types), 512
     if getattr(text, "layer_types", None):
@@ -59,7 +59,7 @@ def test_prefill_term_matches_the_peak_of_a_real_width_prefill(
     del cache
 
     shape = mf.shape_of(config)
-    adapters = plan_module.parameter_counts(config, RANK if lora else 0, lora_on_vision=False, targets=None)["lora"]
+    adapters = plan_build.parameter_counts(config, RANK if lora else 0, lora_on_vision=False, targets=None)["lora"]
     cache_bytes = batch * (prompt * mf.kv_cache_bytes_per_token(shape) + mf.linear_state_bytes_per_sequence(shape))
     planned = cache_bytes + batch * mf.prefill_bytes_per_sequence(shape, prompt, lora=lora) + adapters * mf.BF16
     assert 0.8 < measured / planned < 1.2, (measured, planned)

@@ -23,8 +23,9 @@ from conftest import REPO
 from transformers import TrainingArguments
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe
-from vision_grpo.eval.evaluate import EvalArguments
+from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 RECIPE_SCRIPTS = {
     "recipes/train.py": (TaskArguments, GRPOConfig, ModelConfig),

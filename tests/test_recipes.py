@@ -10,9 +10,10 @@ import yaml
 from conftest import FAMILY_MODELS
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, check_recipe_keys, parse_recipe
-from vision_grpo.lora_targets import check_lora_targets
-from vision_grpo.modeling import get_peft_config, load_model
+from vision_grpo.models.loading import load_model
+from vision_grpo.models.lora import check_lora_targets, get_peft_config
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import check_recipe_keys, parse_recipe
 from vision_grpo.rewards import get_reward_funcs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -30,10 +30,13 @@ from safetensors.torch import load_file
 from trl import GRPOConfig
 from trl.trainer.utils import RepeatSampler
 
-from vision_grpo.config import RecipeError
-from vision_grpo.recipe_run import TRAINER_STATE, RecipeRun, RunConflict, resume_checkpoint
-from vision_grpo.runs import CHECKSUMS, dataset_identity, hold_lock, write_checksums, write_run_start
-from vision_grpo.trainer import EpochSeededSampler
+from vision_grpo.recipe.arguments import RecipeError
+from vision_grpo.run.checksums import CHECKSUMS, write_checksums
+from vision_grpo.run.files import hold_lock
+from vision_grpo.run.manifest import dataset_identity, write_run_start
+from vision_grpo.run.recipe_run import RecipeRun
+from vision_grpo.run.resume import TRAINER_STATE, RunConflict, resume_checkpoint
+from vision_grpo.training.trainer import EpochSeededSampler
 
 GUARD = REPO / "tests" / "guard"
 PROBE_PLUGIN = '''
@@ -318,7 +321,7 @@ DECIDE = """
 import sys
 from datetime import timedelta
 from accelerate import PartialState
-from vision_grpo.recipe_run import decided_by_main_process
+from vision_grpo.run.ranks import decided_by_main_process
 
 state = PartialState(cpu=True, timeout=timedelta(seconds=30))
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
+from vision_grpo.plugins.reward_calls import StopRequested
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
-from vision_grpo.stopping import GracefulStop, StopRequested
+from vision_grpo.run.stopping import GracefulStop
 
 COMPLETIONS = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "a longer answer"}]]
 
@@ -211,12 +212,12 @@ def test_a_file_dropped_into_the_rewards_folder_needs_no_other_edit(builtin_plug
 def test_importing_the_folders_from_the_repository_root_shares_one_registry(tmp_path: Path) -> None:
     """`import rewards` (a script run from the repository root) and `vision_grpo.rewards` are one registry."""
     code = (
-        "import sys; sys.path.insert(0, '.'); import rewards, data, vision_grpo.rewards, vision_grpo.tasks\n"
+        "import sys; sys.path.insert(0, '.'); import rewards, data, vision_grpo.rewards, vision_grpo.plugins.tasks\n"
         "from rewards import reward\n"
         "@reward()\ndef from_the_root(completions, **kwargs): return [1.0] * len(completions)\n"
         "assert 'from_the_root' in vision_grpo.rewards.discover(), 'two registries'\n"
         "assert rewards.RewardPluginError is vision_grpo.rewards.RewardPluginError\n"
-        "assert 'shapes' in vision_grpo.tasks.discover()\n"
+        "assert 'shapes' in vision_grpo.plugins.tasks.discover()\n"
         "print('one registry')"
     )
     script = tmp_path / "one_registry.py"

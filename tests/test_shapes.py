@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import ImageColor
 
-from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
 from vision_grpo.data.shapes import COLORS, SHAPES, ShapeTaskSpec, make_example, question_for
+from vision_grpo.recipe.arguments import TaskArguments
 
 WHITE = (255, 255, 255)
 

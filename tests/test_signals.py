@@ -1,7 +1,7 @@
 """A stop signal sent to `accelerate launch`, as a scheduler sends it, stops every worker of the run.
 
 accelerate's plain launcher (`accelerate launch --num_processes 2 --cpu recipes/train.py …`) forwards no signal and
-dies of a SIGTERM at once; its worker must stop too (vision_grpo/launched.py), not run on as an orphan writing into
+dies of a SIGTERM at once; its worker must stop too (vision_grpo/run/launched.py), not run on as an orphan writing into
 the run folder. Started in a session of their own, so that a failing test still kills every process it started.
 """
 
@@ -20,7 +20,7 @@ import psutil
 import pytest
 from conftest import REPO
 
-from vision_grpo.recipe_run import TRAINER_STATE, resume_checkpoint
+from vision_grpo.run.resume import TRAINER_STATE, resume_checkpoint
 
 PLAIN_LAUNCHER = ["--num_processes", "2", "--cpu"]  # the issue's form: accelerate's plain launcher, one worker
 STEP_PROBE = '''
@@ -82,7 +82,7 @@ def gone_within(processes: list[psutil.Process], seconds: float) -> bool:
 
 
 def importing_torch(worker: psutil.Process) -> bool:
-    """Whether the worker has begun loading torch (the imports that take seconds, after vision_grpo.launched)."""
+    """Whether the worker has begun loading torch (the imports that take seconds, after vision_grpo.run.launched)."""
     try:
         return any("libtorch" in Path(m.path).name for m in worker.memory_maps(grouped=True))
     except psutil.Error:

@@ -14,10 +14,11 @@ import pytest
 from conftest import run_script
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
-from vision_grpo.tasks import TaskPluginError, discover, get_task
+from vision_grpo.plugins.tasks import TaskPluginError, discover, get_task
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 # Digests of ids, prompts, image bytes and reward columns, recorded with the code before tasks became plugins.
 BEFORE = {

@@ -1,4 +1,4 @@
-"""The entry points' torch thread default when `OMP_NUM_THREADS` is unset (vision_grpo/threads.py)."""
+"""The entry points' torch thread default when `OMP_NUM_THREADS` is unset (vision_grpo/run/threads.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from vision_grpo import threads
+from vision_grpo.run import threads
 
 
 @pytest.mark.parametrize(

@@ -20,12 +20,15 @@ from tokenizers import Tokenizer, normalizers
 from transformers import AutoConfig
 from trl import ModelConfig
 
-from vision_grpo.config import TaskArguments
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import fixture_rows
-from vision_grpo.modeling import get_peft_config, get_processor, load_model, max_pixels_of, resolve_model_path
-from vision_grpo.tiny_model import FAMILIES, build_replica
-from vision_grpo.visual_tokens import VisualTokenMismatch, check_visual_tokens
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.models.lora import get_peft_config
+from vision_grpo.models.replicas.build import build_replica
+from vision_grpo.models.replicas.families import FAMILIES
+from vision_grpo.models.visual_tokens import VisualTokenMismatch, check_visual_tokens
+from vision_grpo.recipe.arguments import TaskArguments
 
 QUESTION = "How many circles are in the image?"
 # What each replica must be: the class transformers maps its config to, the processor class, and the file of the

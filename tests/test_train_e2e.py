@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from trl import ModelConfig
 
-from vision_grpo.modeling import TINY_MODEL, load_model
+from vision_grpo.models.embedded import TINY_MODEL
+from vision_grpo.models.loading import load_model
 
 CPU_LAUNCH_CONFIG = REPO / "accelerate_configs" / "cpu.yaml"
 SHAPING_PLUGIN = '''

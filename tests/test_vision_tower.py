@@ -16,9 +16,12 @@ from peft import get_peft_model
 from recording.recorder import RECORD_ENV, read_records, recorded_training_args
 from trl import ModelConfig
 
-from vision_grpo.config import TaskArguments
-from vision_grpo.modeling import TINY_MODEL, freeze_vision_tower, get_peft_config, is_vision_parameter, load_model
-from vision_grpo.trainer import split_vision_param_group
+from vision_grpo.models.embedded import TINY_MODEL
+from vision_grpo.models.loading import load_model
+from vision_grpo.models.lora import get_peft_config
+from vision_grpo.models.vision import freeze_vision_tower, is_vision_parameter
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.training.trainer import split_vision_param_group
 
 
 def tiny_model(**model_args) -> torch.nn.Module:

@@ -10,19 +10,19 @@ from PIL import Image
 from trl import GRPOConfig, ModelConfig
 from trl.generation.vllm_generation import VLLMGeneration
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
-from vision_grpo.logprob_guard import GAP_KEY, LogprobGapError, LogprobGapGuard
-from vision_grpo.modeling import vision_special_token_ids
-from vision_grpo.processing import load_processor
-from vision_grpo.vllm_generation import (
+from vision_grpo.models.processing import load_processor
+from vision_grpo.models.vision import vision_special_token_ids
+from vision_grpo.models.vllm_prompts import (
     NEVER,
     PromptMismatchError,
-    VisionPromptEngine,
-    VisionVLLMGeneration,
     check_engine_prompt,
     collapse_image_runs,
     pixel_kwargs,
 )
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.training.logprob_guard import GAP_KEY, LogprobGapError, LogprobGapGuard
+from vision_grpo.training.vllm_generation import VisionPromptEngine, VisionVLLMGeneration
 
 PAD = 7  # an image token id for the pure-list tests
 
@@ -183,7 +183,7 @@ def test_the_guard_lets_later_steps_drift_but_always_checks_the_first_gap() -> N
 @pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 20}, {"min_p": 0.05}])
 def test_with_truncated_sampling_the_guard_warns_naming_the_truncation(truncation, caplog) -> None:
     guard = _started(LogprobGapGuard(threshold=0.05), **truncation)
-    with caplog.at_level("WARNING", logger="vision_grpo.logprob_guard"):
+    with caplog.at_level("WARNING", logger="vision_grpo.training.logprob_guard"):
         _log(guard, 1, 0.11)
     ((key, value),) = truncation.items()
     assert f"{key}={value}" in caplog.text and "renormalised" in caplog.text and "top_p 1.0" in caplog.text
@@ -197,7 +197,7 @@ def test_the_guard_follows_its_recipe_keys(caplog) -> None:
     guard = _started(LogprobGapGuard.from_recipe(task_args))
     _log(guard, 1, 0.15)  # under the recipe's threshold: nothing
     assert not caplog.text
-    with caplog.at_level("WARNING", logger="vision_grpo.logprob_guard"):
+    with caplog.at_level("WARNING", logger="vision_grpo.training.logprob_guard"):
         _log(guard, 2, 0.3)  # over it, with `warn`: a warning, training goes on
     assert "logprob_gap_threshold 0.2" in caplog.text
     default = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", "recipes/shapes/tiny_cpu.yaml"])[0]

@@ -13,13 +13,14 @@ from conftest import run_script
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
 from vision_grpo.data import get_dataset
 from vision_grpo.data.task_vqa import VQADataError
 from vision_grpo.data.vqa_fixtures import write_fixtures
+from vision_grpo.plugins.tasks import task_of
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_reward_funcs
 from vision_grpo.rewards.vqa import is_correct, last_boxed
-from vision_grpo.tasks import task_of
 
 MAX_PIXELS = 168 * 168
 FIXTURE_RECIPES = [

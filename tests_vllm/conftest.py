@@ -49,7 +49,7 @@ def replica() -> Path:
     vLLM's `AutoProcessor` then fails ("Can't load video processor"). Hub checkpoints (e.g. Qwen2.5-VL-3B) also ship
     `preprocessor_config.json`, which transformers falls back to for the video processor; we write the same file.
     """
-    from vision_grpo.modeling import TINY_MODEL, resolve_model_path
+    from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
 
     path = Path(resolve_model_path(TINY_MODEL))
     nested = json.loads((path / "processor_config.json").read_text())

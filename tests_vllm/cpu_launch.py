@@ -25,7 +25,7 @@ import sys
 import trl.generation.vllm_generation as trl_vllm
 from trl.generation.vllm_generation import VLLMGeneration
 
-from vision_grpo.vllm_generation import VisionPromptEngine
+from vision_grpo.training.vllm_generation import VisionPromptEngine
 
 _trl_sync_weights = VLLMGeneration.sync_weights
 

@@ -11,7 +11,7 @@ import re
 import pytest
 from conftest import RECIPE, check, run_python
 
-from vision_grpo.logprob_guard import GAP_KEY, LogprobGapGuard
+from vision_grpo.training.logprob_guard import GAP_KEY, LogprobGapGuard
 
 THRESHOLD = LogprobGapGuard().threshold
 # The recipe's own keys but 2 steps and no checkpoints (time).

@@ -156,11 +156,12 @@ def test_the_served_folder_answers_chat_requests_with_images_as_transformers_doe
     one-shot decode render differently."""
     from trl import GRPOConfig, ModelConfig
 
-    from vision_grpo.config import TaskArguments, parse_recipe
     from vision_grpo.data import get_dataset
     from vision_grpo.data.prompts_and_images import fill_image
-    from vision_grpo.modeling import vision_special_token_ids
-    from vision_grpo.processing import load_processor
+    from vision_grpo.models.processing import load_processor
+    from vision_grpo.models.vision import vision_special_token_ids
+    from vision_grpo.recipe.arguments import TaskArguments
+    from vision_grpo.recipe.parse import parse_recipe
 
     url, model = server
     task_args, _, _ = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", RECIPE])

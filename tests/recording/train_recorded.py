@@ -18,8 +18,10 @@ from pathlib import Path
 
 from recorder import FORCE_ENV, GLOO_ONLY_ENV, force_vision_tokens, parameter_checksums, record
 
-from vision_grpo import modeling, stopping, trainer
-from vision_grpo.modeling import is_vision_parameter
+from vision_grpo.models import loading
+from vision_grpo.models.vision import is_vision_parameter
+from vision_grpo.run import stopping
+from vision_grpo.training import trainer
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "recipes" / "train.py"
 
@@ -92,6 +94,6 @@ if __name__ == "__main__":
 
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if os.environ.get(FORCE_ENV):
-        modeling.load_model = _forcing(modeling.load_model)
+        loading.load_model = _forcing(loading.load_model)
     sys.argv = [str(ENTRY_POINT), *sys.argv[1:]]
     runpy.run_path(str(ENTRY_POINT), run_name="__main__")

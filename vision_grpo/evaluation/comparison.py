@@ -1,43 +1,25 @@
-"""Compare evaluation results of the same items: a markdown table, paired significance tests and a bar chart.
-
-    python eval/compare.py results/base.json results/step100.json [--output results/eval_compare.md]
-
-Each argument is a JSON file written by `eval/evaluate.py`. The first file is the reference: the table gives every
-run's change against it in percentage points, and McNemar's exact test says whether the accuracy difference on
-the same items could be chance. A run with `--image_control blank|shuffled` is paired with the run on real images
-of the same model and adapter, and the accuracy drop is reported (a model that ignores the image shows none).
-Files of different item sets (other ids, or other gold answers for the same ids) are refused. Writes the report and
-the bar chart to `results/eval_compare.md` and `.png` unless told otherwise (`eval/compare_runs.py`, which compares
-training curves, defaults to `results/runs_compare.*`: the two never overwrite each other). Headless (matplotlib's
-`Figure`, no pyplot).
+"""Comparing evaluation results of the same items (the library of `eval/compare.py`): result files read and checked
+(their summary must be what their records give, their items the same), the comparison, significance, grounding and
+breakdown tables as one markdown report, and the bar chart (matplotlib's `Figure`, no pyplot).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
-from vision_grpo.eval.scoring import summarize
+from vision_grpo.evaluation.scoring import summarize
+from vision_grpo.evaluation.statistics import ItemMismatch, ResultError, mcnemar_exact
 
 NONE = "–"
 # What makes two runs "the same model" for the grounding check: everything but the images shown.
 GROUNDING_KEYS = ("model", "adapter", "max_new_tokens")
 DEFAULT_REPORT, DEFAULT_PLOT = "results/eval_compare.md", "results/eval_compare.png"
-
-
-class ResultError(ValueError):
-    """Result files that cannot be compared: unreadable, not evaluation results, or of different items."""
-
-
-class ItemMismatch(ResultError):
-    """Result files that do not hold the same items, so their accuracies cannot be compared pairwise."""
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -96,30 +78,6 @@ def check_same_items(results: list[dict[str, Any]], names: list[str]) -> None:
                 f"{names[0]} and {name} have the same ids but {len(changed)} different gold answers "
                 f"(e.g. {example}: {reference[example]!r} vs {gold[example]!r}): they come from different data"
             )
-
-
-def exact_binomial_p(b: int, c: int) -> float:
-    """Two-sided exact p-value of `b` vs `c` under Binomial(b + c, 1/2): McNemar's exact test."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1))
-    return min(1.0, 2 * tail / 2**n)  # integer arithmetic: exact for any n
-
-
-def mcnemar_exact(records_a: list[dict[str, Any]], records_b: list[dict[str, Any]]) -> dict[str, Any]:
-    """Paired accuracy test of two runs over the same items.
-
-    `b`: items only run A got right; `c`: items only run B got right; `p_value`: exact two-sided test that A and B
-    are equally accurate. Items both got right or both got wrong carry no information about the difference.
-    """
-    a = {r["id"]: bool(r["correct"]) for r in records_a}
-    b = {r["id"]: bool(r["correct"]) for r in records_b}
-    if a.keys() != b.keys() or len(a) != len(records_a) or len(b) != len(records_b):
-        raise ItemMismatch("McNemar's test needs the same items, each once, in both runs")
-    only_a = sum(1 for i in a if a[i] and not b[i])
-    only_b = sum(1 for i in a if b[i] and not a[i])
-    return {"b": only_a, "c": only_b, "p_value": exact_binomial_p(only_a, only_b)}
 
 
 def _percent(value: float | None) -> str:
@@ -288,34 +246,3 @@ def default_names(paths: list[Path]) -> list[str]:
     """File stems (`base`, `step100`); whole paths when two stems coincide."""
     stems = [path.stem for path in paths]
     return stems if len(set(stems)) == len(stems) else [str(path) for path in paths]
-
-
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("results", nargs="+", help="Result JSON files of eval/evaluate.py; the first is the reference.")
-    parser.add_argument("--names", nargs="+", help="One label per file (default: the file names).")
-    parser.add_argument("--plot", default=DEFAULT_PLOT, help="PNG bar chart of accuracy and format rate.")
-    parser.add_argument("--output", default=DEFAULT_REPORT, help="The markdown report (also printed).")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if len(args.results) < 2:
-        parser.error("give two or more result files")
-    paths = [Path(p) for p in args.results]
-    names = args.names or default_names(paths)
-    if len(names) != len(paths):
-        parser.error(f"--names has {len(names)} labels for {len(paths)} files")
-    results = [load_result(path) for path in paths]
-    markdown = report(results, names)
-    for path in (args.output, args.plot):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(markdown, encoding="utf-8")
-    plot_comparison(results, names, args.plot)
-    print(markdown)
-    print(f"wrote {args.output} and {args.plot}")
-    return markdown
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except ResultError as error:  # unreadable files, different items: the message says it all
-        sys.exit(f"error: {error}")

@@ -1,14 +1,15 @@
 """The evaluator: greedy batched generation over the rows a task builds, with prompts rendered as training renders
 them, scored by the task and by the recipe's rewards, one record per example.
 
-Library code: `eval/evaluate.py` (the command), the held-out curves during training (vision_grpo/callbacks.py),
-pass@k (vision_grpo/pass_at_k.py) and the vLLM backend (eval/vllm_backend.py) all generate and score through it, so
-the numbers they report come from one rule.
+Library code: `eval/evaluate.py` (the command), the held-out curves during training
+(vision_grpo/training/holdout.py), pass@k (eval/pass_at_k.py) and the vLLM backend
+(vision_grpo/evaluation/vllm_backend.py) all generate and score through it, so the numbers they report come from one
+rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,12 +18,12 @@ from accelerate import PartialState
 from PIL import Image
 from transformers import GenerationConfig
 
-from vision_grpo.data.prepared import release_mapped_pages
 from vision_grpo.data.prompts_and_images import fill_image
-from vision_grpo.eval.adapters import load_verified_adapter
-from vision_grpo.modeling import get_processor, load_model, vision_special_token_ids
+from vision_grpo.evaluation.adapters import load_verified_adapter
+from vision_grpo.models.loading import get_processor, load_model
+from vision_grpo.models.vision import vision_special_token_ids
+from vision_grpo.plugins.tasks import get_task, task_of
 from vision_grpo.rewards import get_recipe_rewards
-from vision_grpo.tasks import get_task, task_of
 
 SEED = 42  # torch's seed for every evaluation (greedy decoding does not draw; sampling for pass@k does)
 
@@ -188,47 +189,6 @@ def _as_list(value: Any) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def images_of(row: dict[str, Any]) -> Any:
-    """A row's image, or its list of images (the `images` column of multi-image tasks)."""
-    return row["image"] if "image" in row else row["images"]
-
-
-def chunks(indices: Sequence[int], size: int) -> list[list[int]]:
-    """`indices` in consecutive batches of `size` (the last one shorter)."""
-    return [list(indices[first : first + size]) for first in range(0, len(indices), size)]
-
-
-def rows_at(dataset: Any, indices: Sequence[int]) -> list[dict[str, Any]]:
-    """The rows of `dataset` at `indices`, read (their images decoded) now: one batch at a time, never the split.
-    The pages of the source they were read from are released after each batch (`release_mapped_pages`), so that a
-    pass over a split does not keep the whole split's images resident."""
-    if not indices:
-        return []
-    columns = dataset[list(indices)]
-    release_mapped_pages(dataset)
-    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
-
-
-def read_batch(dataset: Any, indices: Sequence[int], control: str = "none") -> tuple[list[dict], list[Any]]:
-    """The rows at `indices` and the image(s) each is shown: its own, white canvases of the same sizes (`blank`), or
-    the next row's in `dataset` (`shuffled`, the last row gets the first's). Built per batch, so the split's images
-    are never all held at once."""
-    rows = rows_at(dataset, indices)
-    if control == "none":
-        return rows, [images_of(row) for row in rows]
-    if control == "blank":
-        return rows, [_blank(images_of(row)) for row in rows]
-    if control == "shuffled":
-        return rows, [images_of(row) for row in rows_at(dataset, [(i + 1) % len(dataset) for i in indices])]
-    raise ValueError(f"image control must be none, blank or shuffled, got {control!r}")
-
-
-def _blank(image: Any) -> Any:
-    if isinstance(image, list):
-        return [_blank(each) for each in image]
-    return Image.new("RGB", image.size, "white")
-
-
 def place_model(eval_args: Any) -> Any:
     """Where `from_pretrained` puts the model: this process's accelerator (GPU or MPS) when there is one, else the
     CPU; `--device_map auto` spreads one model over every GPU (one process)."""
@@ -244,14 +204,14 @@ def build_evaluator(task_args: Any, train_args: Any, model_args: Any, eval_args:
     """Model (+ verified adapter), processor and rewards exactly as the recipe's training run built them.
 
     `eval_args` says which adapter (`adapter`, `merge_adapter`), where the model goes (`device_map`) and which
-    generation backend (`backend`: `hf`, or `vllm` for eval/vllm_backend.py, which loads no HF weights: the engine
-    holds the only copy): eval/evaluate.py's `EvalArguments`.
+    generation backend (`backend`: `hf`, or `vllm` for vision_grpo/evaluation/vllm_backend.py, which loads no HF
+    weights: the engine holds the only copy): the evaluation's `EvalArguments`.
     """
     processor = get_processor(model_args, task_args, train_args.trust_remote_code)
     rewards = get_recipe_rewards(task_args, processor.tokenizer)
     common = (processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
     if eval_args.backend == "vllm":
-        from vision_grpo.eval.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
+        from vision_grpo.evaluation.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
 
         vllm_args = {"adapter": eval_args.adapter, "merge": eval_args.merge_adapter}
         evaluator = VLLMEvaluator(

@@ -1,19 +1,10 @@
-"""pass@k on the recipe's held-out images: k completions per image, sampled as GRPO samples them in training.
-
-Greedy accuracy says what a model answers; pass@k says whether a right answer is among what it samples, which is
-all a GRPO group can find and reinforce. Comparing the two before and after GRPO shows what GRPO turned into greedy
-accuracy. Model loading, prompts, pixels, stop and suppressed tokens, the cut after EOS and scoring are the
-evaluator's own (`build_evaluator`, `Evaluator.encode`, `Evaluator.completion`, its scorer): one path for prompts.
-The sampling settings are the recipe's training ones (temperature, top-p, top-k, min-p, repetition penalty,
-completion length), as TRL's GRPOTrainer builds them, and nothing from the checkpoint's generation config.
-
-    python -m vision_grpo.pass_at_k --config recipes/shapes/tiny_grpo_demo.yaml \\
-        --model_name_or_path runs/shapes/tiny_grpo_demo/demo --k 8 --output results/grpo_pass8.json
+"""pass@k on the recipe's held-out images (the library of `eval/pass_at_k.py`): k completions per image, sampled
+with the recipe's training settings as TRL's GRPOTrainer samples them, through the evaluator's own prompts, stop
+tokens and scoring; the records and the pass@1 / pass@k summary, by gold answer.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,12 +15,15 @@ import torch
 from transformers import GenerationConfig
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import get_dataset
-from vision_grpo.eval.evaluate import EvalArguments, write_json_atomic
-from vision_grpo.evaluator import SEED, Evaluator, build_evaluator, chunks, default_max_new_tokens, read_batch
-from vision_grpo.modeling import max_pixels_of
-from vision_grpo.runs import dataset_identity
+from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.batches import chunks, read_batch
+from vision_grpo.evaluation.evaluator import SEED, Evaluator, build_evaluator, default_max_new_tokens
+from vision_grpo.evaluation.results import write_json_atomic
+from vision_grpo.models.loading import max_pixels_of
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
+from vision_grpo.run.manifest import dataset_identity
 
 
 @dataclass
@@ -153,7 +147,3 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"summary": summarize_samples(records), "metadata": metadata, "records": records}
     write_json_atomic(output, result)
     return result
-
-
-if __name__ == "__main__":
-    print(json.dumps(main()["summary"], indent=1))

@@ -1,24 +1,14 @@
-"""Compare training runs: a PNG grid of their main curves and a markdown table of final and best values.
-
-    python eval/compare_runs.py runs/shapes/*/* [--output results/runs_compare] [--smoothing 0.6]
-
-Each argument is a run folder (`runs/<task>/<recipe>/<run>`: TensorBoard events plus the resolved `recipe.yaml`) or
-a folder above run folders, which is searched. Curves come from TensorBoard's own event reader; the config comes
-from each run's `recipe.yaml`, and only the keys whose values differ between the runs are shown, in the legend and
-in the table. SFT and GRPO runs log different metrics, so they are compared in separate groups (the trainer is read
-from the logged tags). Only metrics that form a curve and are not flat are drawn; the table says which were left out.
-Writes `<output>.png` (one kind of run) or `<output>_grpo.png` and `<output>_sft.png`, and `<output>.md`; headless
-(matplotlib's `Figure` without pyplot: Agg).
+"""Comparing training runs (the library of `eval/compare_runs.py` and of `recipes/sweep.py`'s comparison): run
+folders found and read with TensorBoard's own event reader and their `recipe.yaml`, the keys that differ, a PNG grid
+of the main curves per kind of run (GRPO, SFT) and a markdown table of final and best values.
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import logging
 import math
-import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -340,20 +330,10 @@ def compare(paths: list[str], output: Path, smoothing: float = 0.6) -> tuple[lis
     return pngs, markdown
 
 
-def main(argv: list[str] | None = None) -> tuple[list[Path], Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("runs", nargs="+", help="Run folders, or folders above them.")
-    parser.add_argument(
-        "--output", default="results/runs_compare", help="Writes <output>.md and <output>.png (or one per kind)."
-    )
-    parser.add_argument("--smoothing", type=float, default=0.6, help="TensorBoard-style smoothing in [0, 1).")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    pngs, markdown = compare(args.runs, Path(args.output), args.smoothing)
+def write_comparison(paths: list[str], output: Path, smoothing: float = 0.6) -> tuple[list[Path], Path]:
+    """`compare`, then the markdown printed and the files written named: what `eval/compare_runs.py` and a sweep's
+    end print."""
+    pngs, markdown = compare(paths, output, smoothing)
     print(markdown.read_text(encoding="utf-8"))
     print(f"wrote {', '.join(str(path) for path in [markdown, *pngs])}")
     return pngs, markdown
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    main()

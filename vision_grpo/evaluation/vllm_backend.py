@@ -28,10 +28,12 @@ from typing import Any
 from PIL import Image
 from safetensors import safe_open
 
-from vision_grpo.eval.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_verified_adapter, model_skeleton
-from vision_grpo.evaluator import SEED, Evaluator
-from vision_grpo.modeling import is_vision_parameter, load_model, resolve_model_path
-from vision_grpo.vllm_generation import check_engine_prompt, collapse_image_runs, pixel_kwargs, vision_logit_bias
+from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_verified_adapter, model_skeleton
+from vision_grpo.evaluation.evaluator import SEED, Evaluator
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.loading import load_model
+from vision_grpo.models.vision import is_vision_parameter
+from vision_grpo.models.vllm_prompts import check_engine_prompt, collapse_image_runs, pixel_kwargs, vision_logit_bias
 
 # vLLM's accepted `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -4,16 +4,15 @@
     python -m vision_grpo.export --adapter <run>/checkpoint-40 --output exported/x --eval results/x.json
     python -m vision_grpo.export --config recipes/geoqa/qwen3_5_4b_lora.yaml --adapter <adapter> --output exported/x
 
-A LoRA adapter is merged into its base (PEFT's `merge_and_unload`) after the base is verified: by content against
-the run's manifest (`model_weights`, the sha256 `model_identity` records at training start) and weight by weight as
-the evaluator attaches adapters (eval/adapters.py). A full fine-tuned run folder (the demo's GRPO stage) is re-saved
-the same way. The model, processor and chat template come from the recipe (the run's own `recipe.yaml` unless
-`--config` names one; other recipe keys can be overridden on the command line), so the exported processor resizes
-images with the pixel limits training used. The folder holds what a Hub Qwen-VL checkpoint holds: sharded
-safetensors, config.json, the base's `generation_config.json` byte for byte (none when the base has none, as
-Qwen3.5 ships none; a full fine-tuned run's own), the processor and tokenizer files with the chat template,
-`preprocessor_config.json` (vLLM's processor falls back to it for the video processor when torchvision is
-missing), and a model card (README.md).
+A LoRA adapter is merged into its base (PEFT's `merge_and_unload`) after the base is verified: by content against the
+run's manifest (`model_weights`, the sha256 `model_identity` records at training start) and weight by weight as the
+evaluator attaches adapters (vision_grpo/evaluation/adapters.py). A full fine-tuned run folder (the demo's GRPO stage)
+is re-saved the same way. The model, processor and chat template come from the recipe (the run's own `recipe.yaml`
+unless `--config` names one; other recipe keys can be overridden on the command line), so the exported processor resizes
+images with the pixel limits training used. The folder holds what a Hub Qwen-VL checkpoint holds: sharded safetensors,
+config.json, the base's `generation_config.json` byte for byte (none when the base has none, as Qwen3.5 ships none; a
+full fine-tuned run's own), the processor and tokenizer files with the chat template, `preprocessor_config.json` (vLLM's
+processor falls back to it for the video processor when torchvision is missing), and a model card (README.md).
 
 The folder is written under a temporary name beside `--output` and renamed at the end, so `--output` never holds
 half an export. `--push_to_hub <repo>` uploads it with huggingface_hub; it needs the network and a token
@@ -30,87 +29,38 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-from safetensors import safe_open
 from transformers.utils import cached_file
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe
-from vision_grpo.eval.adapters import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
-    FULL_MODEL_FILES,
+from vision_grpo.evaluation.adapters import (
     AdapterMismatch,
     load_verified_adapter,
 )
-from vision_grpo.model_card import write_model_card
-from vision_grpo.modeling import get_processor, is_vision_parameter, load_model, resolve_model_path
-from vision_grpo.runs import content_digest, model_identity, read_manifest
+from vision_grpo.export.checks import (
+    ExportError,
+    adapter_weights,
+    check_base,
+    check_eval_matches,
+    check_output_free,
+    check_push_possible,
+    is_full_model,
+    peft_names,
+    run_folder_of,
+    vision_lora_modules,
+)
+from vision_grpo.export.model_card import write_model_card
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.loading import get_processor, load_model
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.manifest import read_manifest
 
 logger = logging.getLogger("vision_grpo.export")
-# Fragments of parameter names that only a PEFT-wrapped model has: a merged folder holding one would load with
-# those weights missing or unused (transformers warns, vLLM refuses or ignores them).
-PEFT_NAME_PARTS = ("lora_", "base_layer", "base_model.model", "modules_to_save", "original_module")
 GENERATION_CONFIG = "generation_config.json"
 # Keys that change nothing in an export but that TRL checks while parsing a recipe: a GPU recipe's bf16 is refused
 # on a machine without a GPU, and the export itself never trains.
 PARSE_ONLY = ["--bf16", "false", "--use_cpu", "true"]
-
-
-class ExportError(ValueError):
-    """An export that would not give a model that answers as the trained policy did."""
-
-
-def run_folder_of(adapter: Path) -> Path:
-    """The run folder of a run's final folder or of one of its `checkpoint-N` folders (where recipe.yaml is)."""
-    if (adapter / "recipe.yaml").is_file() or not adapter.name.startswith("checkpoint-"):
-        return adapter
-    return adapter.parent
-
-
-def is_full_model(folder: Path) -> bool:
-    """A folder of full model weights (full fine-tuning), not a PEFT adapter."""
-    return not (folder / ADAPTER_CONFIG).is_file() and any((folder / name).is_file() for name in FULL_MODEL_FILES)
-
-
-def check_output_free(output: Path) -> None:
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ExportError(f"output {output} already holds something: choose another --output or empty it first")
-    if not output.parent.is_dir():
-        raise ExportError(f"the folder of --output, {output.parent}, does not exist: create it first")
-
-
-def check_base(adapter: Path, manifest: dict[str, Any] | None, model_args: ModelConfig) -> dict[str, Any]:
-    """The base the recipe names, present and, where the run's manifest records the weights it trained on, the same
-    weights by content; returns its `model_identity`."""
-    name = model_args.model_name_or_path
-    try:
-        resolve_model_path(name)
-        cached_file(resolve_model_path(name), "config.json", revision=model_args.model_revision)
-    except (OSError, FileNotFoundError) as error:
-        raise ExportError(
-            f"the base model of {adapter}, {name}, is not available here ({error}): download it, or pass "
-            "--model_name_or_path with a local copy of the same weights"
-        ) from None
-    identity = model_identity(name, model_args.model_revision)
-    recorded = (manifest or {}).get("model_weights")
-    if recorded is None:
-        logger.warning("%s records no model_weights: the base %s is checked only weight by weight", adapter, name)
-    elif recorded != identity:
-        raise ExportError(
-            f"adapter {adapter} was trained on other weights than {name} holds (the run's manifest records "
-            f"{recorded}, {name} is {identity}): pass --model_name_or_path with the run's base model"
-        )
-    return identity
-
-
-def vision_lora_modules(adapter: Path) -> list[str]:
-    """The adapter's weights on the vision tower. vLLM serves such LoRA only behind an experimental switch
-    (`enable_tower_connector_lora`), so merging is the way to serve them: export merges them with the rest."""
-    with safe_open(str(adapter / ADAPTER_WEIGHTS), "pt") as weights:
-        names = weights.keys()  # a safetensors handle, not a dict
-    return [key for key in names if is_vision_parameter(key)]
 
 
 def copy_generation_config(base: str, revision: str | None, output: Path) -> bool:
@@ -121,16 +71,6 @@ def copy_generation_config(base: str, revision: str | None, output: Path) -> boo
     if source:
         shutil.copyfile(source, output / GENERATION_CONFIG)
     return source is not None
-
-
-def peft_names(folder: Path) -> list[str]:
-    """Weight names in the folder's safetensors files that only a PEFT model has."""
-    names = []
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as weights:
-            keys = weights.keys()  # a safetensors handle, not a dict
-        names += [key for key in keys if any(part in key for part in PEFT_NAME_PARTS)]
-    return names
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPOConfig, ModelConfig]:
@@ -167,16 +107,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
     )
     args.config = config
     return args, task_args, train_args, model_args
-
-
-def check_push_possible(repo: str | None) -> None:
-    from huggingface_hub import constants
-
-    if repo and constants.HF_HUB_OFFLINE:
-        raise ExportError(
-            f"--push_to_hub {repo} needs the Hub, and HF_HUB_OFFLINE=1 here: export without it, then push the folder "
-            "from a machine with network access (`hf upload <repo> <folder>`)"
-        )
 
 
 def export(argv: list[str]) -> Path:
@@ -253,26 +183,6 @@ def _with_model(model_args: ModelConfig, path: str) -> ModelConfig:
     return dataclasses.replace(model_args, model_name_or_path=path, model_revision=None)
 
 
-def adapter_weights(adapter: Path, full: bool) -> dict[str, Any]:
-    """The exported weights' origin by content, as eval/evaluate.py records it in a result's metadata."""
-    if full:
-        return {"model_weights": model_identity(str(adapter), None)}
-    return {"adapter_weights": content_digest([adapter / ADAPTER_WEIGHTS, adapter / ADAPTER_CONFIG])}
-
-
-def check_eval_matches(path: Path, result: dict[str, Any], weights: dict[str, Any]) -> None:
-    """A card's evaluation must be of these weights: the result's recorded adapter (or model) digest must match."""
-    metadata = result.get("metadata", {})
-    if "summary" not in result or "records" not in result:
-        raise ExportError(f"--eval {path} is not a result file of eval/evaluate.py (no summary or records)")
-    for key, value in weights.items():
-        if metadata.get(key) != value:
-            raise ExportError(
-                f"--eval {path} evaluated other weights ({key}: {metadata.get(key)!r} there, {value!r} here): "
-                "evaluate this adapter (eval/evaluate.py --adapter ...) and pass that result"
-            )
-
-
 def push(folder: Path, repo: str, private: bool) -> None:
     """Upload the exported folder to the Hub (huggingface_hub's `create_repo` and `upload_folder`)."""
     from huggingface_hub import HfApi
@@ -290,8 +200,3 @@ def main(argv: list[str] | None = None) -> Path:
         if argv is not None:
             raise
         sys.exit(f"export: {error}")
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    main()

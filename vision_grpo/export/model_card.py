@@ -14,7 +14,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from vision_grpo.runs import content_digest
+from vision_grpo.run.files import content_digest
 
 TEMPLATE = """---
 {{ card_data }}

@@ -1,4 +1,5 @@
-"""`lora_target_modules` checked against the model before training is set up, each entry on its own.
+"""LoRA of a recipe: the peft config (`get_peft_config`), and `lora_target_modules` checked against the model before
+training is set up, each entry on its own.
 
 peft refuses a list only when no entry matched anything ("No modules were targeted for adaptation", naming no
 module), and trains on silently when one entry of several is a typo. Each entry here must name a module of the
@@ -9,12 +10,35 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import Any
 
 import torch
 from peft import LoraConfig
 from peft.tuners.tuners_utils import check_target_module_exists
 
-from vision_grpo.config import RecipeError
+from vision_grpo.models.vision import VISION_MODULE_PATTERN
+from vision_grpo.recipe.arguments import RecipeError
+
+
+def get_peft_config(model_args: Any, task_args: Any) -> LoraConfig | None:
+    """LoRA on every linear layer of the language model (the vision tower only if `lora_on_vision`), or None.
+
+    `all-linear` plus an exclusion pattern works for every Qwen-VL family, whose module names differ (Qwen3.5 has
+    linear-attention projections that a fixed list would miss).
+    """
+    if not model_args.use_peft:
+        return None
+    return LoraConfig(
+        task_type="CAUSAL_LM",
+        r=model_args.lora_r,
+        lora_alpha=model_args.lora_alpha,
+        lora_dropout=model_args.lora_dropout,
+        target_modules=model_args.lora_target_modules or "all-linear",
+        exclude_modules=None if task_args.lora_on_vision else VISION_MODULE_PATTERN,
+        modules_to_save=model_args.lora_modules_to_save,
+        use_rslora=model_args.use_rslora,
+        use_dora=model_args.use_dora,
+    )
 
 
 def check_lora_targets(model: torch.nn.Module, peft_config: LoraConfig | None) -> None:

@@ -1,108 +1,31 @@
-"""Memory plan of a recipe: the expected peak GPU memory per rank, part by part, before anything is loaded.
-
-    python -m vision_grpo.plan --config recipes/geoqa/qwen3_5_4b_lora.yaml [--num_processes N]
-        [--accelerate_config accelerate_configs/zero3.yaml] [--image_pixels P] [--prompt_text_tokens T]
-        [--images_per_prompt K] [--key value ...]
-
-It reads the model's config only (a local folder's config.json, a copy shipped in vision_grpo/model_configs/ for the
-shipped GPU recipes, or the Hugging Face cache), builds the model on the meta device to count its parameters, and
-applies vision_grpo/memory_formulas.py. Training prints the same plan and refuses to start when it exceeds the GPU
-that is present (recipe key `memory_plan_check: false` skips the refusal). docs/memory.md compares each part with
-measurements and says what only a GPU run can confirm.
+"""Building the memory plan of a recipe: the model's config only (never its weights), its parameters counted on the
+meta device, and the per-part formulas of vision_grpo/plan/formulas.py applied to the recipe's sizes.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import logging
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
-from vision_grpo import memory_formulas as mf
-from vision_grpo.config import RecipeError
+from vision_grpo.plan import formulas as mf
+from vision_grpo.plan.parts import GiB, Part, Plan
+from vision_grpo.recipe.arguments import RecipeError
 
-logger = logging.getLogger("vision_grpo.plan")
-GiB = 1024**3
-CARDS_GIB = (24, 48, 80, 141)
-# HF generate's phases, one after the other: the vision tower encodes every image of the call, the prefill runs the
-# prompts (their cache built), the decoding grows the cache by the completions. "generate" parts last through the
-# prefill and the decoding.
-GENERATION = ("encode", "prefill", "decode")
-PHASES = ("train", *GENERATION)
 SHIPPED_CONFIGS = Path(__file__).parent / "model_configs"
 DEFAULT_PROMPT_TEXT_TOKENS = 256  # an assumption, printed with the plan: system prompt + question, without images
 DEFAULT_IMAGE_PIXELS = 1003520  # transformers' Qwen2-VL image processor cap, used when a recipe sets no max_pixels
-
-
-@dataclass
-class Part:
-    name: str
-    bytes: float
-    phase: str  # "both", "train" (forward + backward of one micro-batch), or a generation phase (GENERATION)
-    key: str  # the recipe key that changes it first
-    note: str = ""
-
-
-@dataclass
-class Plan:
-    model: str
-    sizes: str
-    parts: list[Part] = field(default_factory=list)
-    vllm_share: float = 0.0  # vllm_gpu_memory_utilization of colocated vLLM: a share of whatever card it runs on
-
-    def in_phase(self, part: Part, phase: str) -> bool:
-        return part.phase in ("both", phase) or (part.phase == "generate" and phase in ("prefill", "decode"))
-
-    def phase_total(self, phase: str) -> float:
-        return sum(p.bytes for p in self.parts if self.in_phase(p, phase))
-
-    def peak_phase(self) -> str:
-        return max(PHASES, key=self.phase_total)
-
-    def total(self, card_bytes: float | None = None) -> float:
-        """Peak per rank: the largest phase, training or one of generation's (plus vLLM's share of the card)."""
-        peak = self.phase_total(self.peak_phase())
-        return peak + (self.vllm_share * card_bytes if card_bytes else 0.0)
-
-    def fits(self, card_bytes: float) -> bool:
-        return self.total(card_bytes) <= card_bytes
-
-    def first_key(self, card_bytes: float | None = None) -> str:
-        """The recipe key to change first: the one of the largest part of the phase that sets the peak."""
-        phase = self.peak_phase()
-        candidates = [p for p in self.parts if self.in_phase(p, phase)]
-        if self.vllm_share and card_bytes:
-            candidates.append(Part("vLLM", self.vllm_share * card_bytes, "both", "vllm_gpu_memory_utilization"))
-        return max(candidates, key=lambda p: p.bytes).key
-
-    def lines(self) -> list[str]:
-        """The plan as printed: one line per part, the total, and the cards it fits."""
-        out = [f"memory plan for {self.model} ({self.sizes}), per GPU rank:"]
-        for p in self.parts:
-            out.append(f"  {p.name:<44} {p.bytes / GiB:7.2f} GiB  [{p.phase}]  {p.note}".rstrip())
-        phases = [p for p in PHASES if any(part.phase in (p, "generate") for part in self.parts) or p == "train"]
-        totals = ", ".join(f"{p} {self.phase_total(p) / GiB:.2f}" for p in phases)
-        out.append(f"  {f'peak ({self.peak_phase()} phase)':<44} {self.total() / GiB:7.2f} GiB  phases: {totals} GiB")
-        if self.vllm_share:
-            out.append(f"  + colocated vLLM: vllm_gpu_memory_utilization {self.vllm_share} of the card")
-        for card in CARDS_GIB:
-            verdict = "fits" if self.fits(card * GiB) else f"does not fit: change `{self.first_key(card * GiB)}` first"
-            out.append(f"  {card:>3} GiB card: {self.total(card * GiB) / GiB:6.2f} GiB, {verdict}")
-        return out
 
 
 def model_config(name: str) -> Any:
     """The transformers config of `name`, never its weights: a local folder, a shipped copy, or the HF cache."""
     from transformers import AutoConfig
 
-    from vision_grpo.modeling import EMBEDDED_MODELS, resolve_model_path
+    from vision_grpo.models.embedded import EMBEDDED_MODELS, resolve_model_path
 
     if name in EMBEDDED_MODELS or Path(name).expanduser().is_dir():
         return AutoConfig.from_pretrained(resolve_model_path(name))
@@ -137,7 +60,7 @@ def parameter_counts(config: Any, lora_rank: int, lora_on_vision: bool, targets:
     """Parameters of the whole model, of its vision tower and of the LoRA adapters, counted on the meta device."""
     from transformers import AutoModelForImageTextToText
 
-    from vision_grpo.modeling import is_vision_parameter
+    from vision_grpo.models.vision import is_vision_parameter
 
     with torch.device("meta"), _without_zero3_init():
         model = AutoModelForImageTextToText.from_config(config)
@@ -303,86 +226,3 @@ def build_plan(
         plan.parts.append(Part("vision tower, encoding the call's images", encode, "encode", "max_pixels"))
         plan.parts.append(Part("generation prefill (language model)", language, "prefill", "steps_per_generation"))
     return plan
-
-
-def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
-    """Parse the plan's own flags, then the recipe (with its overrides) as training would, and build the plan."""
-    from trl import GRPOConfig, ModelConfig
-
-    from vision_grpo.config import TaskArguments, parse_recipe
-
-    own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--num_processes", type=int)
-    own.add_argument("--accelerate_config")
-    own.add_argument("--image_pixels", type=int)
-    own.add_argument("--prompt_text_tokens", type=int, default=DEFAULT_PROMPT_TEXT_TOKENS)
-    own.add_argument("--images_per_prompt", type=int, default=1)
-    flags, rest = own.parse_known_args(argv)
-    # The plan runs anywhere: without `use_cpu` a bf16 recipe is refused by TrainingArguments on a machine with no GPU
-    task_args, training_args, model_args = parse_recipe(
-        (TaskArguments, GRPOConfig, ModelConfig), [*rest, "--use_cpu", "true"]
-    )
-    processes, stage = accelerate_layout(flags.accelerate_config, flags.num_processes)
-    recipe = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text()) if "--config" in rest else {}
-    plan = build_plan(
-        task_args,
-        training_args,
-        model_args,
-        processes,
-        stage,
-        flags.image_pixels,
-        flags.prompt_text_tokens,
-        flags.images_per_prompt,
-        generation_batch_set="generation_batch_size" in recipe or "--generation_batch_size" in rest,
-    )
-    return plan, flags
-
-
-def check_before_training(task_args: Any, training_args: Any, model_args: Any) -> Plan | None:
-    """Log the plan (main process) and refuse a run whose plan exceeds this GPU, before the model loads."""
-    from accelerate import PartialState
-
-    state = PartialState()
-    try:
-        plan = build_plan(task_args, training_args, model_args, state.num_processes)
-    except (KeyError, AttributeError, ValueError) as error:  # a model family the formulas do not cover
-        logger.warning("no memory plan for %s: %s", model_args.model_name_or_path, error)
-        return None
-    if state.is_main_process:
-        for line in plan.lines():
-            logger.info(line)
-    if training_args.use_cpu or not torch.cuda.is_available() or not task_args.memory_plan_check:
-        return plan
-    device = torch.cuda.current_device()
-    card = torch.cuda.get_device_properties(device).total_memory
-    if not plan.fits(card):
-        raise RecipeError(
-            f"memory plan: {plan.total(card) / GiB:.1f} GiB expected per GPU, but this GPU "
-            f"({torch.cuda.get_device_name(device)}) has {card / GiB:.1f} GiB; change `{plan.first_key(card)}` first "
-            "(`python -m vision_grpo.plan --config <recipe>` shows every part), or set `memory_plan_check: false`"
-        )
-    return plan
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--help" in argv or "-h" in argv:
-        print(__doc__.strip())
-        return 0
-    if "--config" not in argv:
-        print(
-            "usage: python -m vision_grpo.plan --config <recipe> [--num_processes N] [--key value ...]", file=sys.stderr
-        )
-        return 2
-    try:
-        plan, _ = recipe_plan(argv)
-    except RecipeError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print("\n".join(plan.lines()))
-    return 0
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    sys.exit(main())

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vision_grpo.plugins import ENDS_THE_RUN, ended, import_plugin, plugin_files
-from vision_grpo.stopping import StopRequested, reward_call
+from vision_grpo.plugins.files import ENDS_THE_RUN, ended, import_plugin, plugin_files
+from vision_grpo.plugins.reward_calls import StopRequested, reward_call
 
 logger = logging.getLogger(__name__)
 RewardFunc = Callable[..., list[float | None]]

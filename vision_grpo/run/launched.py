@@ -57,7 +57,7 @@ def die_with_parent() -> None:
 
 
 # Code of this repository: an error raised here on purpose (a check that failed) needs its message, not its traceback.
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 OURS = tuple(f"{REPOSITORY / folder}{os.sep}" for folder in ("vision_grpo", "recipes", "eval"))
 
 

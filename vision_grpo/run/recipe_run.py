@@ -1,17 +1,14 @@
 """One run of an entry point (`recipes/train.py`, `recipes/sft.py`): the parsed recipe, its run folder (one for all
 ranks), resuming from the folder's last complete checkpoint, the run's record, and leaving together at the end.
 
-Nothing here trains: the trainers are TRL's (vision_grpo/trainer.py adds what vision-language GRPO needs).
+Nothing here trains: the trainers are TRL's (vision_grpo/training/trainer.py adds what vision-language GRPO needs).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
 import shutil
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,33 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
-from accelerate.utils import broadcast_object_list
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import ModelConfig
 
-from vision_grpo.config import RecipeError, TaskArguments, parse_recipe, recipe_path_of
 from vision_grpo.data import unused_rows
-from vision_grpo.modeling import EMBEDDED_MODELS
-from vision_grpo.runs import (
-    CheckpointChecksums,
-    checksum_fault,
+from vision_grpo.models.embedded import EMBEDDED_MODELS
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
+from vision_grpo.run.checksums import CheckpointChecksums
+from vision_grpo.run.files import hold_lock
+from vision_grpo.run.manifest import (
     dataset_identity,
-    finished_step,
-    hold_lock,
     model_identity,
     read_manifest,
-    resume_changes,
     run_folder_fault,
     write_run_end,
     write_run_start,
 )
-from vision_grpo.threads import configure_threads
+from vision_grpo.run.ranks import decided_by_main_process, from_main_process
+from vision_grpo.run.resume import RunConflict, check_resume, finished_step, resume_checkpoint
+from vision_grpo.run.threads import configure_threads
 
 logger = logging.getLogger(__name__)
-
-
-class RunConflict(ValueError):
-    """A run folder that holds another run, or a resume that would continue a run with other settings."""
 
 
 @dataclass
@@ -243,56 +235,6 @@ def stopped_before_first_checkpoint(run_dir: Path) -> bool:
     )
 
 
-def check_resume(
-    resume_from: str, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], model_weights: dict[str, Any]
-) -> None:
-    """Refuse to continue a checkpoint with settings that compute differently from its run's (its folder's
-    `recipe.yaml` and manifest), unless the recipe's `resume_allow_changes` names the keys."""
-    allowed = configs[0].resume_allow_changes
-    changes = resume_changes(Path(resume_from).parent, recipe_path, argv, configs, model_weights, allowed)
-    if changes:
-        raise RunConflict(
-            f"cannot resume {resume_from}: this run would compute differently from the run it continues "
-            f"({'; '.join(changes)}); restore those values, list the keys in resume_allow_changes to accept them, "
-            "or start a new run under another --run_name"
-        )
-
-
-def decided_by_main_process(check: Callable[[], None]) -> None:
-    """Run `check` on the main process only; if it raised, every process raises too, so no rank starts (or waits
-    for a main process that has left) and no two ranks decide differently on a shared folder.
-
-    Every exception is forwarded, whatever its type: the main process re-raises its own, the others one of the same
-    type and message (a `RuntimeError` naming the type, where that type cannot be rebuilt from its message).
-    """
-    problem = None
-    raised: BaseException | None = None
-    if PartialState().is_main_process:
-        try:
-            check()
-        except BaseException as error:  # any failure must reach the other ranks, or they wait for ever
-            raised, problem = error, (type(error), _picklable(error.args, str(error)), str(error))
-    problem = from_main_process(problem)
-    if raised is not None:
-        raise raised
-    if problem:
-        kind, args, message = problem
-        try:
-            rebuilt = kind(*args)
-        except Exception:  # a type that cannot be rebuilt from its arguments
-            rebuilt = RuntimeError(f"{kind.__name__}: {message}")
-        raise rebuilt
-
-
-def _picklable(args: tuple, message: str) -> tuple:
-    """An exception's arguments, or its message alone where they cannot be sent to the other ranks."""
-    try:
-        pickle.dumps(args)
-    except Exception:
-        return (message,)
-    return args
-
-
 def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     """Point the trainer at `runs/<task>/<recipe>/<run-name>/`: checkpoints, TensorBoard events, resolved recipe.
 
@@ -317,62 +259,3 @@ def prepare_run_dir(trainer_args: Any, recipe_name: str) -> Path:
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(run_dir)
     logger.info("run %s of recipe %s in %s", run_name, recipe_name, run_dir)
     return run_dir
-
-
-def from_main_process(value: Any) -> Any:
-    """`value` as the main process has it, on every process (the run name here, resumed records in evaluation)."""
-    if PartialState().num_processes == 1:
-        return value
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
-RESUME_LAST = ("true", "last")
-# Written last by the Trainer's checkpoint save: a checkpoint folder without it was cut off while saving.
-TRAINER_STATE = "trainer_state.json"
-
-
-def resume_checkpoint(value: str | bool | None, run_dir: Path) -> str | None:
-    """The checkpoint a run resumes from: `resume_from_checkpoint` as a path, or `true`/`last` for the run folder's
-    last complete checkpoint (rerun with the same `output_dir` and `run_name`). None: start from scratch.
-
-    A checkpoint cut off by a kill while saving (see `checkpoint_fault`) is skipped, naming why, not loaded half-way.
-    """
-    if value is None or value is False or str(value).lower() in ("", "false", "none"):
-        return None
-    if value is True or str(value).lower() in RESUME_LAST:
-        complete = sorted(
-            (p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
-            key=lambda p: int(p.name.split("-")[-1]),
-        )
-        while complete and (fault := checkpoint_fault(complete[-1])):  # newest first: older ones are not read
-            logger.warning("skipping %s: it has %s; trying the checkpoint before it", complete[-1], fault)
-            complete.pop()
-        if not complete:
-            raise FileNotFoundError(
-                f"resume_from_checkpoint={value}: no complete checkpoint in {run_dir}; rerun with the interrupted "
-                "run's `output_dir` and `run_name`, or pass a checkpoint folder"
-            )
-        return str(complete[-1])
-    path = Path(str(value)).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"resume_from_checkpoint: {path} does not exist")
-    if fault := checkpoint_fault(path):
-        raise FileNotFoundError(f"resume_from_checkpoint: {path} has {fault} (not a complete checkpoint)")
-    return str(path)
-
-
-def checkpoint_fault(folder: Path) -> str | None:
-    """Why `folder` is not a complete, intact checkpoint, or None. The Trainer writes `trainer_state.json` last, and
-    not atomically: a save cut off by a kill or a full disk has none, or one cut short at any byte (cut off while
-    saving). A file that differs from the checksums recorded after the save (`checksums.json`) was cut short or
-    corrupted later; it is named here, before torch or safetensors read it."""
-    state = folder / TRAINER_STATE
-    if not state.is_file():
-        return f"no {TRAINER_STATE}"
-    try:
-        json.loads(state.read_bytes())
-    except ValueError:  # invalid JSON, or UTF-8 cut inside a character
-        return f"a {TRAINER_STATE} cut short"
-    return checksum_fault(folder)

@@ -2,43 +2,22 @@
 
 Launchers differ: torchrun's agent (`accelerate launch` with a multi-process config) sends the signal it gets on to
 its workers and waits for them; accelerate's plain launcher forwards nothing and dies of a SIGTERM at once, and
-`vision_grpo.launched` then sends the worker SIGTERM (the entry points import it first).
+`vision_grpo.run.launched` then sends the worker SIGTERM (the entry points import it first).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 
+from vision_grpo.plugins.reward_calls import StopRequested, current_reward_call
+
 logger = logging.getLogger(__name__)
-# The reward call running now, if any: (name, start time). A stop signal that arrives during one ends it at once.
-_in_reward: list[tuple[str, float]] = []
-_lock = threading.Lock()
-
-
-@contextmanager
-def reward_call(name: str) -> Iterator[None]:
-    """Mark a reward plugin call: a stop signal during it interrupts the plugin instead of waiting for a step end
-    that a plugin stuck in a loop or a network call would never reach."""
-    with _lock:
-        _in_reward.append((name, time.monotonic()))
-    try:
-        yield
-    finally:
-        with _lock:
-            _in_reward.pop()
-
-
-class StopRequested(KeyboardInterrupt):
-    """A stop signal that could not wait for the step to end (a second signal, or one during a reward call)."""
 
 
 class GracefulStop(TrainerCallback):
@@ -60,8 +39,8 @@ class GracefulStop(TrainerCallback):
     def _request(self, signum, frame) -> None:
         if self.requested:
             raise StopRequested(f"signal {signum} again: stopping at once, without saving")
-        if _in_reward:
-            name, since = _in_reward[-1]
+        if running := current_reward_call():
+            name, since = running
             raise StopRequested(
                 f"signal {signum} during reward `{name}` (running for {time.monotonic() - since:.0f} s): stopping at "
                 "once; the run resumes from its last checkpoint"

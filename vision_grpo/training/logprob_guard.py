@@ -23,12 +23,13 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from vision_grpo.recipe.arguments import LOGPROB_GAP_THRESHOLD
+
 logger = logging.getLogger(__name__)
 
 GAP_KEY = "sampling/sampling_logp_difference/mean"
 RATIO_MIN_KEY = "sampling/importance_sampling_ratio/min"
 ACTIONS = ("stop", "warn")
-DEFAULT_THRESHOLD = 0.08  # nats; why this value: docs/evaluation.md, "The logprob-gap guard"
 
 
 class LogprobGapError(RuntimeError):
@@ -48,7 +49,7 @@ class LogprobGapGuard(TrainerCallback):
     `logging_steps` is). Later steps are not checked: the policy moving between generation and scoring legitimately
     widens the gap. With truncated sampling it only warns (see the module docstring)."""
 
-    def __init__(self, threshold: float = DEFAULT_THRESHOLD, action: str = "stop", steps: int = 5) -> None:
+    def __init__(self, threshold: float = LOGPROB_GAP_THRESHOLD, action: str = "stop", steps: int = 5) -> None:
         if not threshold > 0 or action not in ACTIONS:
             raise ValueError(f"logprob gap guard: threshold must be positive, action one of {ACTIONS}")
         self.threshold = threshold

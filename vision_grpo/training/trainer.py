@@ -10,9 +10,9 @@ from typing import Any
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from vision_grpo.logprob_guard import LogprobGapGuard
-from vision_grpo.modeling import is_vision_parameter, vision_special_token_ids
-from vision_grpo.vllm_generation import VisionVLLMGeneration
+from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
+from vision_grpo.training.logprob_guard import LogprobGapGuard
+from vision_grpo.training.vllm_generation import VisionVLLMGeneration
 
 
 class VisionGRPOTrainer(GRPOTrainer):

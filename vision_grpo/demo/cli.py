@@ -1,0 +1,100 @@
+"""`make demo`: two GRPO experiments on the embedded default, offline on a CPU (docs/demo.md says how long).
+
+1. Format: a supervised warm start on a mix of answer forms (recipes/shapes/tiny_sft.yaml) -> GRPO. The warm start can
+   count but mostly does not finish with the boxed answer the reward requires; GRPO teaches the format.
+2. Biased demonstrations: a warm start on demonstrations that say 2 for most 3-shape images
+   (recipes/shapes/tiny_sft_biased.yaml) -> GRPO, and as the control the same warm start trained further with SFT on
+   the same demonstrations for as long as the GRPO stage trained. Greedy imitation follows the majority label; the
+   question is whether reward recovers what the samples still know and more imitation does not.
+
+Every model is evaluated greedily on the same held-out images, real and blank (eval/evaluate.py), and by pass@k at
+the training temperature (eval/pass_at_k.py); a table per experiment with McNemar's tests and the honesty
+checks, and one PNG with both. Every stage runs the repository's own entry points with the recipes in
+recipes/shapes/, so the demo exercises exactly what users run. A finished stage is reused when the demo is run again
+(`--fresh` redoes everything).
+
+The two experiments share nothing until the report, so with two cores their training stages run side by side
+(`--jobs`), each in a process of its own with the same single-threaded, seeded computation as when run one after the
+other; the first experiment is evaluated while the second still trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from vision_grpo.demo.experiments import EXPERIMENTS
+from vision_grpo.demo.plot import plot
+from vision_grpo.demo.report import report
+from vision_grpo.demo.stages import RUNNING, StageClock, Trained, evaluate_experiment, train_experiment
+from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
+from vision_grpo.run.threads import default_threads, usable_cores
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m vision_grpo.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs-dir", default="runs", help="where the training runs go (TensorBoard: --logdir here)")
+    parser.add_argument("--results-dir", default="results/demo", help="where the result files, tables and PNG go")
+    parser.add_argument("--run-name", default="demo")
+    parser.add_argument("--quick", action="store_true", help="toy-sized run of every stage (for tests)")
+    parser.add_argument("--fresh", action="store_true", help="redo every stage instead of reusing finished ones")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(len(EXPERIMENTS), usable_cores()),
+        choices=range(1, len(EXPERIMENTS) + 1),
+        help="experiments trained side by side (default: one per core, at most 2); 1 runs every stage in turn, "
+        "its output on the terminal",
+    )
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    runs_dir, results_dir = Path(args.runs_dir).resolve(), Path(args.results_dir).resolve()
+    results_dir.mkdir(parents=True, exist_ok=True)
+    # Stages side by side share the cores: without a choice of the user's, each gets its share (1 on 2 cores).
+    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(args.jobs)))
+
+    clock = StageClock()
+    with clock.stage("embedded tiny VLM"):
+        print(resolve_model_path(TINY_MODEL))
+    results, tables, facts = [], [], {}
+    with ThreadPoolExecutor(max_workers=len(EXPERIMENTS)) as pool:
+        if args.jobs > 1:  # every experiment's training starts now; each is evaluated as soon as it is trained
+            futures = [pool.submit(train_experiment, e, args, runs_dir, clock) for e in EXPERIMENTS]
+            trained: Iterator[Trained] = (future.result() for future in futures)
+        else:  # one stage at a time: each experiment trains after the one before was evaluated
+            trained = (train_experiment(e, args, runs_dir, clock) for e in EXPERIMENTS)
+        try:
+            for experiment, (grpo_run, runs) in zip(EXPERIMENTS, trained, strict=True):
+                models = evaluate_experiment(experiment, runs, args, clock)
+                table, facts[experiment.title] = report(experiment, models)
+                results.append((experiment, grpo_run, models))
+                tables.append(table)
+        # A failed stage (run_stage raises SystemExit) or evaluation; Ctrl-C has reached the stages already (one
+        # process group), so KeyboardInterrupt is left out.
+        except (Exception, SystemExit):
+            for process in list(RUNNING):
+                process.terminate()
+            raise
+
+    png = results_dir / "demo.png"
+    with clock.stage("report"):
+        plot(results, png)
+    wall = time.perf_counter() - start
+    peak_gib = (
+        max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
+    )
+    footer = (
+        f"wall time {wall / 60:.1f} min (stages reused are not re-timed; {args.jobs} experiment(s) trained side by "
+        f"side); peak RSS of any process {peak_gib:.2f} GiB"
+    )
+    text = "\n\n".join([*tables, clock.table(), footer]) + "\n"
+    (results_dir / "report.md").write_text(text, encoding="utf-8")
+    print(text)
+    print(f"figure: {png}\nresult files: {results_dir}\nTensorBoard: tensorboard --logdir {runs_dir}")
+    return {"experiments": facts, "wall_seconds": wall, "peak_rss_gib": peak_gib, "png": str(png)}

@@ -1,0 +1,87 @@
+"""The embedded default models, named like Hub models, and the one path from a recipe's `model_name_or_path` to a
+folder `from_pretrained` reads.
+
+`resolve_model_path` builds an embedded replica into the cache on first use (it is never downloaded; the builders are
+in vision_grpo/models/replicas/) and passes anything else through unchanged, so the tiny model and
+`Qwen/Qwen2.5-VL-3B-Instruct` load with the same calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from vision_grpo.models.replicas import build
+
+logger = logging.getLogger(__name__)
+
+# The embedded replicas, named like Hub models: the family each one replicates (vision_grpo/models/replicas/).
+EMBEDDED_FAMILIES = {
+    "vision-grpo/tiny-qwen2.5-vl": "qwen2.5-vl",
+    "vision-grpo/tiny-qwen3-vl": "qwen3-vl",
+    "vision-grpo/tiny-qwen3.5": "qwen3.5",
+}
+EMBEDDED_MODELS = {name: functools.partial(build.build_replica, family) for name, family in EMBEDDED_FAMILIES.items()}
+TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"  # the default of the tiny recipes and the demo
+
+
+def cache_dir() -> Path:
+    """Where built artefacts live: `$VISION_GRPO_CACHE`, else `~/.cache/vision_grpo`. Never inside the repo's git."""
+    return Path(os.environ.get("VISION_GRPO_CACHE", Path.home() / ".cache" / "vision_grpo"))
+
+
+def resolve_model_path(name: str) -> str:
+    """A path or Hub id that `from_pretrained` can read; builds the embedded model on first use."""
+    if name in EMBEDDED_MODELS:
+        target = cache_dir() / f"{name.replace('/', '--')}--{_builder_version()}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
+            if not (target / "config.json").exists():
+                logger.info("building the embedded model %s in %s", name, target)
+                _build_embedded(name, target)
+        return str(target)
+    path = Path(name)
+    if name.startswith((".", "/", "~")) and not path.expanduser().exists():
+        raise FileNotFoundError(f"model path {name} does not exist")
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and not path.exists():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise FileNotFoundError(
+                f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1; download it first or "
+                f"use the embedded default `{TINY_MODEL}`"
+            )
+    return name
+
+
+@functools.cache
+def _builder_version() -> str:
+    """A digest of the replica builders' source (every file of vision_grpo/models/replicas/) and the transformers
+    version: a cached replica built by other code is never reused, so changing a builder (or upgrading transformers)
+    rebuilds instead of loading stale files."""
+    import transformers
+
+    sources = sorted(Path(build.__file__).parent.glob("*.py"))
+    source = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in sources)
+    return hashlib.sha256(source + transformers.__version__.encode()).hexdigest()[:10]
+
+
+def _build_embedded(name: str, target: Path) -> None:
+    """Build embedded model `name` into `target`, whichever rank of a multi-process run gets here first.
+
+    transformers 5's `save_pretrained` writes the weights only on rank 0 of an initialised process group; built on
+    another rank, the folder would hold the processor but no model. Such a rank builds in a fresh interpreter.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        code = "import sys; from vision_grpo.models.embedded import EMBEDDED_MODELS as M; M[sys.argv[1]](sys.argv[2])"
+        subprocess.run([sys.executable, "-c", code, name, str(target)], check=True)
+    else:
+        EMBEDDED_MODELS[name](target)

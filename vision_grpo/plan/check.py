@@ -1,0 +1,80 @@
+"""The plan of a recipe as its entry points see it: `python -m vision_grpo.plan` parses the recipe as training
+would (`recipe_plan`), and `recipes/train.py` logs the plan and refuses a run whose plan exceeds the GPU present
+(`check_before_training`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from vision_grpo.plan.build import DEFAULT_PROMPT_TEXT_TOKENS, accelerate_layout, build_plan
+from vision_grpo.plan.parts import GiB, Plan
+from vision_grpo.recipe.arguments import RecipeError
+
+logger = logging.getLogger("vision_grpo.plan")
+
+
+def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
+    """Parse the plan's own flags, then the recipe (with its overrides) as training would, and build the plan."""
+    from trl import GRPOConfig, ModelConfig
+
+    from vision_grpo.recipe.arguments import TaskArguments
+    from vision_grpo.recipe.parse import parse_recipe
+
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--num_processes", type=int)
+    own.add_argument("--accelerate_config")
+    own.add_argument("--image_pixels", type=int)
+    own.add_argument("--prompt_text_tokens", type=int, default=DEFAULT_PROMPT_TEXT_TOKENS)
+    own.add_argument("--images_per_prompt", type=int, default=1)
+    flags, rest = own.parse_known_args(argv)
+    # The plan runs anywhere: without `use_cpu` a bf16 recipe is refused by TrainingArguments on a machine with no GPU
+    task_args, training_args, model_args = parse_recipe(
+        (TaskArguments, GRPOConfig, ModelConfig), [*rest, "--use_cpu", "true"]
+    )
+    processes, stage = accelerate_layout(flags.accelerate_config, flags.num_processes)
+    recipe = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text()) if "--config" in rest else {}
+    plan = build_plan(
+        task_args,
+        training_args,
+        model_args,
+        processes,
+        stage,
+        flags.image_pixels,
+        flags.prompt_text_tokens,
+        flags.images_per_prompt,
+        generation_batch_set="generation_batch_size" in recipe or "--generation_batch_size" in rest,
+    )
+    return plan, flags
+
+
+def check_before_training(task_args: Any, training_args: Any, model_args: Any) -> Plan | None:
+    """Log the plan (main process) and refuse a run whose plan exceeds this GPU, before the model loads."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    try:
+        plan = build_plan(task_args, training_args, model_args, state.num_processes)
+    except (KeyError, AttributeError, ValueError) as error:  # a model family the formulas do not cover
+        logger.warning("no memory plan for %s: %s", model_args.model_name_or_path, error)
+        return None
+    if state.is_main_process:
+        for line in plan.lines():
+            logger.info(line)
+    if training_args.use_cpu or not torch.cuda.is_available() or not task_args.memory_plan_check:
+        return plan
+    device = torch.cuda.current_device()
+    card = torch.cuda.get_device_properties(device).total_memory
+    if not plan.fits(card):
+        raise RecipeError(
+            f"memory plan: {plan.total(card) / GiB:.1f} GiB expected per GPU, but this GPU "
+            f"({torch.cuda.get_device_name(device)}) has {card / GiB:.1f} GiB; change `{plan.first_key(card)}` first "
+            "(`python -m vision_grpo.plan --config <recipe>` shows every part), or set `memory_plan_check: false`"
+        )
+    return plan

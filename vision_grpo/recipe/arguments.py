@@ -1,0 +1,152 @@
+"""The recipe keys of our own: `BaseTaskArguments` (what every task shares) and `TaskArguments`, the same class with
+the keys each task plugin declares (its `Options`), flat, as one dataclass; `RecipeError` for a recipe that cannot run.
+
+TRL's trainer configs and `ModelConfig` hold the rest of a recipe's keys; vision_grpo/recipe/parse.py reads a recipe
+into all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+
+from vision_grpo.plugins.tasks import TaskPluginError, discover, task_of
+
+# The logprob-gap guard's default (nats; vision_grpo/training/logprob_guard.py). Why this value: docs/evaluation.md,
+# "The logprob-gap guard". A recipe key's default, so it lives with the keys.
+LOGPROB_GAP_THRESHOLD = 0.08
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run: unknown key, wrong type, inconsistent values."""
+
+
+@dataclass
+class BaseTaskArguments:
+    """Everything of a recipe that TRL's own configs do not cover and every task shares: which task, data source,
+    images, rewards, vision tower, the supervised warm start, held-out curves. Each task adds its own keys (its
+    `Options`, see vision_grpo/plugins/tasks.py); `TaskArguments` is this class with the keys of the tasks in
+    `data/`."""
+
+    task: str = field(default="shapes", metadata={"help": "A task's NAME: `shapes`, `geoqa`, `vqa` or a plugin's."})
+    task_dirs: list[str] = field(
+        default_factory=list, metadata={"help": "Extra folders of task plugins (their code is run)."}
+    )
+    dataset_name: str = field(default="hz2475/geoQA", metadata={"help": "Hub id or local parquet/save_to_disk path."})
+    dataset_revision: str | None = field(default=None, metadata={"help": "Hub revision (commit) to pin."})
+    skip_bad_rows: bool = field(default=False, metadata={"help": "Skip and count invalid rows instead of failing."})
+    # Images.
+    min_pixels: int | None = field(default=None, metadata={"help": "Processor's lower pixel limit per image."})
+    max_pixels: int | None = field(default=None, metadata={"help": "Processor's upper pixel limit per image."})
+    token_check_samples: int = field(
+        default=32,
+        metadata={
+            "help": "Prompts whose image-token count is checked before training (-1: all of them at the first start "
+            "with these rows, processor and model, then a sample of 32)."
+        },
+    )
+    # Rewards.
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward names from rewards/ (and `reward_dirs`); weights in `reward_weights`. Default: "
+            "the task's DEFAULT_REWARDS."
+        },
+    )
+    reward_dirs: list[str] = field(
+        default_factory=list, metadata={"help": "Extra folders of reward plugins (their code is run)."}
+    )
+    # Vision tower.
+    vision_tower: str = field(default="freeze", metadata={"help": "`train`, `freeze` or `scaled_lr`."})
+    vision_lr_scale: float = field(default=0.1, metadata={"help": "Learning-rate factor with `scaled_lr`."})
+    lora_on_vision: bool = field(default=False, metadata={"help": "Also put LoRA adapters on the vision tower."})
+    # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
+    sft_targets: list[str] = field(
+        default_factory=lambda: ["{count}.", "I count {count} of them, so the answer is \\boxed{{count}}."],
+        metadata={"help": "Completion templates for SFT on shapes; `{count}` becomes the answer."},
+    )
+    sft_target_weights: list[float] = field(
+        default_factory=lambda: [0.5, 0.5], metadata={"help": "Probability of each `sft_targets` form."}
+    )
+    # Systematically wrong demonstrations (make demo's second experiment): some rows of one count show another.
+    sft_mislabel_count: int | None = field(
+        default=None, metadata={"help": "Count whose SFT targets are sometimes wrong (None: all targets right)."}
+    )
+    sft_mislabel_as: int | None = field(default=None, metadata={"help": "The wrong count those targets show."})
+    sft_mislabel_share: float = field(
+        default=0.0, metadata={"help": "Share of `sft_mislabel_count` rows (per row id) shown as the wrong count."}
+    )
+    # Held-out accuracy during training.
+    holdout_eval_steps: int = field(default=0, metadata={"help": "Greedy held-out accuracy every N steps (0: off)."})
+    holdout_eval_size: int = field(default=32, metadata={"help": "Held-out examples per in-training evaluation."})
+    # The vLLM logprob-gap guard (vision_grpo/training/logprob_guard.py; docs/evaluation.md has its calibration).
+    logprob_gap_threshold: float = field(
+        default=LOGPROB_GAP_THRESHOLD,
+        metadata={"help": "vLLM only: mean sampler/trainer logprob gap (nats) the first steps allow."},
+    )
+    logprob_gap_action: str = field(
+        default="stop", metadata={"help": "vLLM only: `stop` training or `warn` when the gap exceeds the threshold."}
+    )
+    # Memory plan (vision_grpo/plan/), printed at the start of every run.
+    memory_plan_check: bool = field(
+        default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
+    )
+    # Reusing a run folder.
+    overwrite_run: bool = field(
+        default=False, metadata={"help": "Delete the earlier run in this run folder and start over."}
+    )
+    resume_allow_changes: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Recipe keys a resumed run may change from the run it continues (e.g. `learning_rate`)."},
+    )
+
+    def __post_init__(self) -> None:
+        if self.vision_tower not in ("train", "freeze", "scaled_lr"):
+            raise RecipeError(f"vision_tower: {self.vision_tower!r} is not one of ['train', 'freeze', 'scaled_lr']")
+        if len(self.sft_targets) != len(self.sft_target_weights):
+            raise RecipeError("sft_targets and sft_target_weights must have the same length")
+        if (self.sft_mislabel_count is None) != (self.sft_mislabel_as is None):
+            raise RecipeError("sft_mislabel_count and sft_mislabel_as go together: set both or neither")
+        if self.sft_mislabel_count is not None and self.sft_mislabel_count == self.sft_mislabel_as:
+            raise RecipeError("sft_mislabel_as must differ from sft_mislabel_count")
+        if not 0.0 <= self.sft_mislabel_share <= 1.0:
+            raise RecipeError("sft_mislabel_share must be between 0 and 1")
+        if self.sft_mislabel_share > 0 and self.sft_mislabel_count is None:
+            raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
+        if not self.vision_lr_scale > 0:
+            raise RecipeError("vision_lr_scale must be positive")
+        if not self.logprob_gap_threshold > 0 or self.logprob_gap_action not in ("stop", "warn"):
+            raise RecipeError("logprob_gap_threshold must be positive and logprob_gap_action `stop` or `warn`")
+        try:
+            task = task_of(self)
+            if task.check is not None:
+                task.check(self)
+        except (TaskPluginError, ValueError) as error:
+            raise RecipeError(str(error)) from None
+        if self.reward_funcs is None:
+            self.reward_funcs = list(task.default_rewards)
+
+
+@functools.cache
+def arguments_class(task_dirs: tuple[str, ...] = ()) -> type:
+    """`BaseTaskArguments` with the recipe keys of every task in `data/` and in `task_dirs`, flat, as one dataclass.
+
+    A key two tasks declare, or one that shadows a shared key, is refused naming both, so no task silently changes
+    another's meaning.
+    """
+    owners = {f.name: "the shared task arguments" for f in dataclasses.fields(BaseTaskArguments)}
+    bases = []
+    for task in discover(task_dirs).values():
+        if task.options is None:
+            continue
+        for f in dataclasses.fields(task.options):
+            if f.name in owners:
+                where = f"task `{task.name}` ({task.source})"
+                raise RecipeError(f"recipe key `{f.name}` of {where} is also in {owners[f.name]}")
+            owners[f.name] = f"task `{task.name}` ({task.source})"
+        bases.append(task.options)
+    return dataclasses.make_dataclass("TaskArguments", [], bases=(BaseTaskArguments, *bases))
+
+
+TaskArguments = arguments_class()

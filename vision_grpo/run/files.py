@@ -1,0 +1,119 @@
+"""Durable writes and what identifies a file by content: every file a run or an evaluation writes goes through an
+atomic write (a temporary name, then a rename), weights are identified by sha256 (remembered per file stamp), and a
+folder or output is held by a lock file while a process works in it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file and rename: the final name never holds a partial file.
+
+    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with tmp.open("x", encoding="utf-8") as sink:  # the process's umask applies, as for any file it writes
+            sink.write(text)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def content_digest(files: list[Path]) -> str:
+    """sha256 over the names and bytes of `files`: what identifies weights by content, whatever their path.
+
+    Remembered by each file's path, size, modification time and inode (`digest_cache_path`): a multi-GB model is
+    read once, not at every start while the other ranks wait for the main process.
+    """
+    key = json.dumps([[str(p.resolve()), *_file_stamp(p)] for p in sorted(files, key=lambda p: p.name)])
+    cache = _read_digest_cache()
+    if key in cache:
+        return cache[key]
+    digest = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as source:
+            while chunk := source.read(1 << 24):
+                digest.update(chunk)
+    if key == json.dumps([[str(p.resolve()), *_file_stamp(p)] for p in sorted(files, key=lambda p: p.name)]):
+        _remember_digest(key, digest.hexdigest())  # only if no file changed while it was read
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino
+
+
+def digest_cache_path() -> Path:
+    """Where content digests are remembered: `$VISION_GRPO_CACHE` or `~/.cache/vision_grpo`, file `digests.json`."""
+    root = os.environ.get("VISION_GRPO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(root) / "vision_grpo" / "digests.json"
+
+
+def _read_digest_cache() -> dict[str, str]:
+    try:
+        cache = json.loads(digest_cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: digests are then computed, never guessed
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _remember_digest(key: str, digest: str) -> None:
+    path = digest_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache = _read_digest_cache()
+        cache[key] = digest
+        write_text_atomic(path, json.dumps(dict(list(cache.items())[-256:])))
+    except OSError:  # a read-only home: the digest is still right, only not remembered
+        pass
+
+
+@contextmanager
+def hold_lock(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
+    """Hold the lock file `lock` while the block runs; raise `busy(holder's pid)` at once if another process holds it.
+
+    An OS lock (`flock`): it ends with its process, however that process ends, so a lock left by a killed run is
+    recognised as stale and taken over. The holder's pid is written into the file for the message. The file is
+    removed on leaving.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 20).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise busy(holder) from None
+        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # locked a file its last holder removed on leaving: lock the one at the path now
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
