@@ -17,7 +17,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # Where each part of the installed package comes from (pyproject.toml's [tool.setuptools.package-dir]).
-LAYOUT = {"vision_grpo": REPO / "vision_grpo", "vision_grpo/data": REPO / "data", "vision_grpo/rewards": REPO / "rewards"}
+LAYOUT = {
+    "vision_grpo": REPO / "vision_grpo",
+    "vision_grpo/data": REPO / "data",
+    "vision_grpo/rewards": REPO / "rewards",
+}
 
 
 def main() -> int:

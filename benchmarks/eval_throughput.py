@@ -24,8 +24,8 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.evaluate import run_evaluation
-from vision_grpo.evaluation.evaluator import build_evaluator
 from vision_grpo.models.loading import load_model, max_pixels_of
 from vision_grpo.models.lora import get_peft_config
 from vision_grpo.recipe.arguments import TaskArguments

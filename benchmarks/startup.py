@@ -71,18 +71,21 @@ def main() -> None:
                 dataset, processor, model.config, task.token_check_samples, train.chat_template_kwargs or {}
             ),
         )
-        timed(
-            "trainer (LoRA wrapping, optimizer set-up)",
-            lambda: VisionGRPOTrainer(
+
+        def trainer() -> VisionGRPOTrainer:
+            built = VisionGRPOTrainer(
                 model=model,
                 reward_funcs=rewards,
                 args=train,
                 train_dataset=dataset,
                 processing_class=processor,
                 peft_config=get_peft_config(model_args, task),
-                callbacks=[GracefulStop(), TensorBoardHParams(run.run_dir, recipe_hparams(task, train, model_args))],
-            ),
-        )
+                callbacks=[TensorBoardHParams(run.run_dir, recipe_hparams(task, train, model_args))],
+            )
+            built.add_callback(GracefulStop(built.accelerator))  # as recipes/train.py adds it
+            return built
+
+        timed("trainer (LoRA wrapping, optimizer set-up)", trainer)
         timed(
             "run manifest (git state, versions)",
             lambda: write_run_start(run.run_dir, run.recipe_path, argv, (task, train, model_args)),

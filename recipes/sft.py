@@ -63,8 +63,8 @@ def train(run: RecipeRun) -> Path:
         train_dataset=train_dataset,
         processing_class=processor,
         peft_config=peft_config,
-        callbacks=[GracefulStop()],
     )
+    trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
     return run.train_and_save(trainer, processor)
 
 

@@ -73,13 +73,11 @@ def train(run: RecipeRun) -> Path:
         train_dataset=train_dataset,
         processing_class=processor,
         peft_config=peft_config,
-        callbacks=[
-            GracefulStop(),
-            TensorBoardHParams(run.run_dir, recipe_hparams(task_args, training_args, model_args)),
-        ],
+        callbacks=[TensorBoardHParams(run.run_dir, recipe_hparams(task_args, training_args, model_args))],
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
         logprob_guard=LogprobGapGuard.from_recipe(task_args),
     )
+    trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
     if task_args.holdout_eval_steps > 0:
         trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))
     return run.train_and_save(trainer, processor)

@@ -69,11 +69,17 @@ def test_overhead_pairs_that_did_different_work_are_refused() -> None:
         check_same_work({"ours": [864.0, 1709.0], "bare": [864.0, 1722.0]})
 
 
-def test_gpu_benchmark_config_has_the_3b_model_size() -> None:
-    """The prepared GPU script imports and builds its configuration anywhere; Qwen2.5-VL-3B has 3.75 B parameters."""
+def test_gpu_benchmark_config_is_the_shipped_3b_config() -> None:
+    """The prepared GPU script imports and builds its configuration anywhere, from dimensions written in it: the
+    parameters the memory plan counts for its copy of Qwen2.5-VL-3B-Instruct's Hub config.json, exactly."""
+    from transformers import AutoConfig
+
+    from vision_grpo.plan.build import SHIPPED_CONFIGS, parameter_counts
+
     process = run_script(["benchmarks/gpu_qwen2_5_vl_3b.py", "--dry-run"], timeout=300)
     figures = json.loads(process.stdout.split("RESULT gpu_qwen2_5_vl_3b ", 1)[1].splitlines()[0])
-    assert 3.7e9 < figures["parameters"] < 3.8e9
+    shipped = AutoConfig.from_pretrained(SHIPPED_CONFIGS / "Qwen--Qwen2.5-VL-3B-Instruct.json")
+    assert figures["parameters"] == parameter_counts(shipped, 0, False, None)["total"]
 
 
 @pytest.mark.slow
@@ -87,9 +93,17 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
     overhead = json.loads((tmp_path / "train_overhead.json").read_text())
     assert overhead["s_per_step"]["ours"] > 0 and overhead["s_per_step"]["bare"] > 0
     assert overhead["load"].startswith("load average")
+    # Each ratio is ours over bare TRL (one pair here, so the median of the pairs' ratios is that pair's).
+    assert overhead["pairs"] == 1
+    for key, figure in overhead.items():
+        if isinstance(figure, dict) and "ratio" in figure:
+            assert figure["ratio"] == pytest.approx(figure["ours"] / figure["bare"], rel=1e-9), key
     assert overhead["startup_s"]["ours"] > 0 and overhead["peak_rss_mib"]["ours"] > 100
     evaluation = json.loads((tmp_path / "eval_throughput.json").read_text())
     assert evaluation["base batch 8"]["same_answers_as_batch_1"] == evaluation["items"]  # batching changes nothing
+    base = evaluation["base batch 1"]["samples_per_s"]  # one round: its ratios are the figures' ratios
+    assert evaluation["rounds"] == 1
+    assert evaluation["batching_speedup"] == pytest.approx(evaluation["base batch 8"]["samples_per_s"] / base)
     scaling = json.loads((tmp_path / "memory_scaling.json").read_text())
     assert len(scaling["train"]) >= 2 and scaling["evaluator"]["peak_rss_mib"] > 100
     summary = process.stdout.split("=== summary", 1)[1]

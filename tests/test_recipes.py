@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,8 +37,13 @@ def write_recipe(folder: Path, **overrides) -> Path:
     return path
 
 
-def test_there_are_recipes() -> None:
-    assert RECIPES
+def test_every_recipe_the_docs_name_is_one_these_tests_parse() -> None:
+    """The recipes the tests below run over hold every recipe the README and docs send a reader to: a recipe moved
+    or renamed without its docs, or a collection that misses a folder, fails here."""
+    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = {REPO / m for doc in documents for m in re.findall(r"recipes/[\w/.-]+\.ya?ml", doc.read_text("utf-8"))}
+    assert named, "the docs name no recipe"
+    assert named <= set(RECIPES), f"named in the docs, not parsed here: {sorted(map(str, named - set(RECIPES)))}"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))

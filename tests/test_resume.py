@@ -12,6 +12,8 @@ interpreter; the runs that only write checkpoints run without it, forked from th
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import multiprocessing
@@ -27,16 +29,20 @@ import pytest
 import torch
 from conftest import FAMILY_MODELS, REPO, run_script
 from safetensors.torch import load_file
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 from trl.trainer.utils import RepeatSampler
 
-from vision_grpo.recipe.arguments import RecipeError
+from vision_grpo.data import get_dataset
+from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
+from vision_grpo.plugins.rewards import get_recipe_rewards
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.checksums import CHECKSUMS, write_checksums
 from vision_grpo.run.files import hold_lock
 from vision_grpo.run.manifest import dataset_identity, write_run_start
 from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.run.resume import TRAINER_STATE, RunConflict, resume_checkpoint
-from vision_grpo.training.trainer import EpochSeededSampler
+from vision_grpo.training.trainer import EpochSeededSampler, VisionGRPOTrainer
 
 GUARD = REPO / "tests" / "guard"
 PROBE_PLUGIN = '''
@@ -261,6 +267,23 @@ def test_two_runs_in_one_folder_at_once_are_refused_naming_the_holder(tmp_path: 
         pass
 
 
+def test_where_the_filesystem_has_no_flock_a_run_still_holds_its_folder(tmp_path: Path, monkeypatch) -> None:
+    """Lustre mounted without `flock` (and some network filesystems) answer flock with ENOSYS: a raw flock failed
+    every run there; the lock falls back to a lock file that records its holder."""
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    argv = training_args(tmp_path, "lustre")[1:]
+    lustre_busy = rf"runs/lustre is in use by another run \(pid {os.getpid()}\)"
+    with RecipeRun.start(GRPOConfig, argv), pytest.raises(RunConflict, match=lustre_busy):
+        RecipeRun.start(GRPOConfig, argv)
+    assert not (tmp_path / "runs" / ".lustre.lock").exists()  # removed on leaving, as with flock
+    with RecipeRun.start(GRPOConfig, argv):  # released when the first one ended
+        pass
+
+
 def _hold_lock(path: str, held) -> None:
     """A run holding its folder's lock, until it is killed."""
     with hold_lock(Path(path), RuntimeError):
@@ -433,10 +456,24 @@ def test_a_sampler_started_at_epoch_k_gives_the_uninterrupted_order() -> None:
         assert epochs(sampler(EpochSeededSampler), 4, start) == uninterrupted[start:]
 
 
-def test_trls_own_sampler_repeats_epoch_0_after_a_resume() -> None:
-    """Why EpochSeededSampler exists; if this fails, TRL fixed it and the subclass can go."""
-    uninterrupted = epochs(sampler(RepeatSampler), 2)
-    assert epochs(sampler(RepeatSampler), 2, start=1) != uninterrupted[1:]
+def test_the_trainer_orders_its_data_with_the_epoch_seeded_sampler(tiny_model_path: Path, tmp_path: Path) -> None:
+    """What a resumed run's data order rests on: VisionGRPOTrainer hands TRL's sampler over as EpochSeededSampler
+    (TRL's own would repeat epoch 0's order in a run resumed in a later epoch), and its epochs follow (seed, epoch)."""
+    argv = ["--config", "recipes/shapes/tiny_cpu.yaml", "--output_dir", str(tmp_path), "--report_to", "none"]
+    task_args, train_args, model_args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
+    processor = get_processor(model_args, task_args)
+    trainer = VisionGRPOTrainer(
+        model=load_model(model_args),
+        reward_funcs=get_recipe_rewards(task_args, processor.tokenizer),
+        args=train_args,
+        train_dataset=get_dataset(task_args, "train", max_pixels_of(processor)),
+        processing_class=processor,
+    )
+    train_sampler = trainer._get_train_sampler(trainer.train_dataset)
+    assert isinstance(train_sampler, EpochSeededSampler)
+    uninterrupted = epochs(train_sampler, 3)
+    resumed = trainer._get_train_sampler(trainer.train_dataset)  # a resumed run builds a fresh one, at epoch 2
+    assert epochs(resumed, 3, start=2) == uninterrupted[2:] and uninterrupted[2] != uninterrupted[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -263,7 +263,7 @@ def test_a_reward_that_never_returns_is_stopped_by_the_first_sigterm(tmp_path: P
     (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        GracefulStop().on_train_begin(None, None, None)
+        GracefulStop(accelerator=None).on_train_begin(None, None, None)  # the signal path needs no accelerator
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
         with pytest.raises(StopRequested, match=rf"signal 15 during reward `{name}` \(running for \d+ s\): stopping"):
             func(completions=COMPLETIONS)

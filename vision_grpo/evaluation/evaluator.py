@@ -14,16 +14,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from accelerate import PartialState
 from PIL import Image
 from transformers import GenerationConfig
 
 from vision_grpo.data.prompts_and_images import fill_image
-from vision_grpo.evaluation.adapters import load_verified_adapter
-from vision_grpo.models.loading import get_processor, load_model
 from vision_grpo.models.vision import vision_special_token_ids
 from vision_grpo.plugins.tasks import get_task, task_of
-from vision_grpo.rewards import get_recipe_rewards
 
 SEED = 42  # torch's seed for every evaluation (greedy decoding does not draw; sampling for pass@k does)
 
@@ -187,38 +183,3 @@ def _as_list(value: Any) -> list[int]:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def place_model(eval_args: Any) -> Any:
-    """Where `from_pretrained` puts the model: this process's accelerator (GPU or MPS) when there is one, else the
-    CPU; `--device_map auto` spreads one model over every GPU (one process)."""
-    state = PartialState()
-    if eval_args.device_map == "auto":
-        if state.num_processes > 1:
-            raise ValueError("device_map auto spreads one model over all GPUs: run one process, not accelerate launch")
-        return "auto"
-    return None if state.device.type == "cpu" else {"": state.device}
-
-
-def build_evaluator(task_args: Any, train_args: Any, model_args: Any, eval_args: Any) -> tuple[Evaluator, Any]:
-    """Model (+ verified adapter), processor and rewards exactly as the recipe's training run built them.
-
-    `eval_args` says which adapter (`adapter`, `merge_adapter`), where the model goes (`device_map`) and which
-    generation backend (`backend`: `hf`, or `vllm` for vision_grpo/evaluation/vllm_backend.py, which loads no HF
-    weights: the engine holds the only copy): the evaluation's `EvalArguments`.
-    """
-    processor = get_processor(model_args, task_args, train_args.trust_remote_code)
-    rewards = get_recipe_rewards(task_args, processor.tokenizer)
-    common = (processor, task_args.task, rewards, train_args.chat_template_kwargs or {})
-    if eval_args.backend == "vllm":
-        from vision_grpo.evaluation.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
-
-        vllm_args = {"adapter": eval_args.adapter, "merge": eval_args.merge_adapter}
-        evaluator = VLLMEvaluator(
-            *common, model_args=model_args, trust_remote_code=train_args.trust_remote_code, **vllm_args
-        )
-        return evaluator, processor
-    model = load_model(model_args, train_args.trust_remote_code, device_map=place_model(eval_args))
-    if eval_args.adapter:
-        model = load_verified_adapter(model, eval_args.adapter, merge=eval_args.merge_adapter)
-    return Evaluator(model, *common), processor

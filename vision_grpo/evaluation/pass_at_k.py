@@ -17,8 +17,9 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
-from vision_grpo.evaluation.evaluator import SEED, Evaluator, build_evaluator, default_max_new_tokens
+from vision_grpo.evaluation.evaluator import SEED, Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.results import write_json_atomic
 from vision_grpo.models.loading import max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments

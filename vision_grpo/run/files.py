@@ -5,7 +5,6 @@ folder or output is held by a lock file while a process works in it.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -13,6 +12,8 @@ import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -94,26 +95,38 @@ def _remember_digest(key: str, digest: str) -> None:
 def hold_lock(lock: Path, busy: Callable[[str], Exception]) -> Iterator[None]:
     """Hold the lock file `lock` while the block runs; raise `busy(holder's pid)` at once if another process holds it.
 
-    An OS lock (`flock`): it ends with its process, however that process ends, so a lock left by a killed run is
-    recognised as stale and taken over. The holder's pid is written into the file for the message. The file is
-    removed on leaving.
+    filelock's `FileLock`: an OS lock (`flock`) that ends with its process, however that process ends, so a lock
+    left by a killed run is recognised as stale and taken over; where the filesystem has no `flock` (Lustre mounted
+    without it, some network filesystems) filelock falls back to a lock file that records its holder, and takes over
+    one whose holder has died. The holder's pid is the file's first line, for the message. The file is removed on
+    leaving, while still held, so that no other process can lock a file about to disappear.
     """
     lock.parent.mkdir(parents=True, exist_ok=True)
+    held = FileLock(str(lock), blocking=False)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 20).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise busy(holder) from None
-        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            held.acquire()
             break
-        os.close(fd)  # locked a file its last holder removed on leaving: lock the one at the path now
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+        except Timeout:
+            if lock.exists():
+                raise busy(_holder(lock)) from None
+            # the last holder removed the file as this process locked it: lock the one at the path now
+    # flock leaves the file to us: the pid goes in. A soft lock's file is filelock's own record (its pid first).
+    native = "\n" not in lock.read_text(errors="replace")
+    if native:
+        lock.write_text(str(os.getpid()))
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
-        os.close(fd)
+        if native:
+            lock.unlink(missing_ok=True)  # while held; a soft lock removes its own file on release
+        held.release()
+
+
+def _holder(lock: Path) -> str:
+    """The pid written first into a lock file, or `unknown` (unreadable, or a holder that is still writing it)."""
+    try:
+        first = lock.read_text(errors="replace").split("\n", 1)[0].strip()
+    except OSError:
+        return "unknown"
+    return first or "unknown"

@@ -11,8 +11,7 @@ import logging
 import signal
 import time
 
-import torch
-from accelerate import PartialState
+from accelerate import Accelerator
 from transformers import TrainerCallback
 
 from vision_grpo.plugins.reward_calls import StopRequested, current_reward_call
@@ -24,12 +23,15 @@ class GracefulStop(TrainerCallback):
     """On SIGINT/SIGTERM: finish the current step, save a checkpoint, stop. A second signal stops at once, and so
     does the first one while a reward plugin runs (the run then ends at its last checkpoint).
 
-    With several processes the request is agreed at every step boundary (a max over the ranks), so all stop after
-    the same step even when the signal reached only one of them or reached them during different steps; a rank
-    that stopped alone would leave the others waiting in their next collective forever.
+    With several processes the request is agreed at every step boundary (accelerate's `set_trigger` on a rank that
+    was asked, `check_trigger` on all: a sum over the ranks), so all stop after the same step even when the signal
+    reached only one of them or reached them during different steps; a rank that stopped alone would leave the
+    others waiting in their next collective forever. One process needs no collective and syncs no device for it.
+    `accelerator`: the trainer's (`trainer.accelerator`), which holds the trigger.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
         self.requested = False
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -56,9 +58,8 @@ class GracefulStop(TrainerCallback):
 
     def agreed(self) -> bool:
         """Whether any process was asked to stop."""
-        process = PartialState()
-        if process.num_processes == 1:
+        if self.accelerator.num_processes == 1:
             return self.requested
-        flag = torch.tensor([int(self.requested)], device=process.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        if self.requested:
+            self.accelerator.set_trigger()
+        return self.accelerator.check_trigger()
