@@ -269,19 +269,23 @@ def test_two_runs_in_one_folder_at_once_are_refused_naming_the_holder(tmp_path: 
 
 def test_where_the_filesystem_has_no_flock_a_run_still_holds_its_folder(tmp_path: Path, monkeypatch) -> None:
     """Lustre mounted without `flock` (and some network filesystems) answer flock with ENOSYS: a raw flock failed
-    every run there; the lock falls back to a lock file that records its holder."""
+    every run there; the lock falls back to a lock file that records its holder. (The run folder's lock alone: the
+    embedded model's build lock in the shared cache was made with flock, and such a file is not a soft lock's.)"""
 
     def no_flock(fd: int, operation: int) -> None:
         raise OSError(errno.ENOSYS, "Function not implemented")
 
+    def busy(holder: str) -> RunConflict:
+        return RunConflict(f"in use by another run (pid {holder})")
+
     monkeypatch.setattr(fcntl, "flock", no_flock)
-    argv = training_args(tmp_path, "lustre")[1:]
-    lustre_busy = rf"runs/lustre is in use by another run \(pid {os.getpid()}\)"
-    with RecipeRun.start(GRPOConfig, argv), pytest.raises(RunConflict, match=lustre_busy):
-        RecipeRun.start(GRPOConfig, argv)
-    assert not (tmp_path / "runs" / ".lustre.lock").exists()  # removed on leaving, as with flock
-    with RecipeRun.start(GRPOConfig, argv):  # released when the first one ended
+    lock = tmp_path / "runs" / ".lustre.lock"
+    held_here = rf"in use by another run \(pid {os.getpid()}\)"
+    with hold_lock(lock, busy), pytest.raises(RunConflict, match=held_here), hold_lock(lock, busy):
         pass
+    assert not lock.exists()  # removed on leaving, as with flock
+    with hold_lock(lock, busy):  # released when the first one ended
+        assert lock.read_text().split("\n", 1)[0] == str(os.getpid())
 
 
 def _hold_lock(path: str, held) -> None:
