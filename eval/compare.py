@@ -27,6 +27,7 @@ from vision_grpo.evaluation.comparison import (
     report,
 )
 from vision_grpo.evaluation.statistics import ResultError
+from vision_grpo.run.outputs import OutputIsInput, check_outputs_are_not_inputs
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> str:
     names = args.names or default_names(paths)
     if len(names) != len(paths):
         parser.error(f"--names has {len(names)} labels for {len(paths)} files")
+    inputs = {f"result file {i + 1}": path for i, path in enumerate(paths)}
+    for flag in ("--output", "--plot"):
+        check_outputs_are_not_inputs(flag, [Path(getattr(args, flag[2:]))], inputs)
     results = [load_result(path) for path in paths]
     markdown = report(results, names)
     for path in (args.output, args.plot):
@@ -56,5 +60,5 @@ def main(argv: list[str] | None = None) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except ResultError as error:  # unreadable files, different items: the message says it all
+    except (ResultError, OutputIsInput) as error:  # unreadable files, different items: the message says it all
         sys.exit(f"error: {error}")

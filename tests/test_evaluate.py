@@ -326,10 +326,10 @@ def _header_and_records(records: int) -> bytes:
 
 def test_a_finished_result_is_not_replaced_without_overwrite(tmp_path: Path) -> None:
     output = tmp_path / "eval.json"
-    output.write_text('{"summary": {}}')
+    output.write_text('{"summary": {}, "records": []}')
     with pytest.raises(results.OutputConflict, match=r"eval.json already holds a result: pass --overwrite"):
         evaluate.main(["--config", SHAPES_RECIPE, "--output", str(output)])
-    assert output.read_text() == '{"summary": {}}'
+    assert output.read_text() == '{"summary": {}, "records": []}'
 
 
 def test_an_interrupted_evaluation_is_not_thrown_away_without_resume(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from vision_grpo.evaluation.batches import chunks, read_batch
 from vision_grpo.evaluation.evaluator import SEED, Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.results import (
     claim_output,
+    evaluation_inputs,
     json_safe,
     partial_path,
     read_partial,
@@ -41,6 +42,7 @@ from vision_grpo.models.loading import max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
 from vision_grpo.run.manifest import dataset_identity, package_versions
+from vision_grpo.run.outputs import check_outputs_are_not_inputs
 from vision_grpo.run.ranks import from_main_process
 from vision_grpo.run.threads import configure_threads
 
@@ -145,6 +147,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
     if not os.access(output.parent, os.W_OK | os.X_OK):
         raise PermissionError(f"output folder {output.parent} is not writable: choose another --output")
+    check_outputs_are_not_inputs(
+        "--output", [output, partial_path(output)], evaluation_inputs(argv, task_args, model_args, eval_args)
+    )
     if eval_args.adapter:
         check_adapter_dir(eval_args.adapter)
         if eval_args.backend == "vllm" and not eval_args.merge_adapter:

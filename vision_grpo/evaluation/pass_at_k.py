@@ -20,11 +20,12 @@ from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
 from vision_grpo.evaluation.evaluator import SEED, Evaluator, default_max_new_tokens
-from vision_grpo.evaluation.results import write_json_atomic
+from vision_grpo.evaluation.results import check_replaceable, evaluation_inputs, write_json_atomic
 from vision_grpo.models.loading import max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
 from vision_grpo.run.manifest import dataset_identity
+from vision_grpo.run.outputs import check_outputs_are_not_inputs
 
 
 @dataclass
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     output = Path(eval_args.output)
     if not output.parent.is_dir():
         raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
+    check_outputs_are_not_inputs("--output", [output], evaluation_inputs(argv, task_args, model_args, eval_args))
+    check_replaceable(output)
     evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
     dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
     if eval_args.limit:

@@ -17,6 +17,7 @@ from trl import ModelConfig
 
 from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.recipe.parse import recipe_path_of
 from vision_grpo.run.files import content_digest, hold_lock, write_text_atomic
 from vision_grpo.run.manifest import model_identity
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
@@ -96,10 +97,54 @@ def hold_output(output: Path) -> AbstractContextManager[None]:
     )
 
 
+def not_a_result(path: Path) -> str | None:
+    """Why the existing file at `path` is not a result (JSON with `summary` and `records`, as eval/compare.py reads
+    results), or None. Of a file that does not start as JSON does only one byte is read: weights are not read in full.
+    """
+    with path.open("rb") as source:
+        if source.read(1) != b"{":
+            return "not JSON"
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"not JSON: {error}"
+    if not isinstance(content, dict) or not {"summary", "records"} <= content.keys():
+        return "JSON without summary and records"
+    return None
+
+
+def check_replaceable(output: Path) -> None:
+    """An output may replace only an earlier result: never a folder or a file of any other kind, with or without
+    `--overwrite` (which is meant for results; a typo must not turn it onto a recipe or a notes file)."""
+    if output.is_dir():
+        raise OutputConflict(
+            f"--output {output} is a folder: name the result file, e.g. --output {output / 'eval.json'}"
+        )
+    if output.exists() and (why := not_a_result(output)):
+        raise OutputConflict(
+            f"--output {output} exists and is not a result of an evaluation ({why}): --overwrite replaces only an "
+            "earlier result; choose another --output"
+        )
+
+
+def evaluation_inputs(
+    argv: list[str], task_args: Any, model_args: ModelConfig, eval_args: EvalArguments
+) -> dict[str, str | None]:
+    """What an evaluation (or pass@k) reads from disk, by the flag that names it: its output must be none of them."""
+    return {
+        "the recipe (--config)": recipe_path_of(argv),
+        "the adapter (--adapter)": eval_args.adapter,
+        "the model (--model_name_or_path)": model_args.model_name_or_path,
+        "the dataset (--dataset_name)": task_args.dataset_name,
+    }
+
+
 def check_output(eval_args: EvalArguments) -> None:
-    """Refuse to replace a finished result, or an interrupted run's records, without `--overwrite`."""
+    """Refuse to replace anything but a result, and a finished result or an interrupted run's records without
+    `--overwrite`."""
     output = Path(eval_args.output)
     partial = partial_path(output)
+    check_replaceable(output)
     if eval_args.overwrite:
         return
     if output.exists():
