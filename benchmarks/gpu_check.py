@@ -107,7 +107,7 @@ MODELS = {
 }
 EVAL_COLUMNS = ("items", "batch", "samples_per_s", "mean_completion_tokens", "peak_gpu_gib")
 # On a CPU (--toy) the recipes' GPU settings give way to what a CPU allows.
-CPU_OVERRIDES = ["--dtype", "float32", "--bf16", "false", "--use_cpu", "true", "--gradient_checkpointing", "false"]
+CPU_OVERRIDES = ["--dtype", "float32", "--bf16", "false", "--use_cpu", "true", "--activation_checkpointing", "false"]
 
 
 def real_config(name: str, toy: bool) -> Any:

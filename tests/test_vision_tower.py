@@ -112,10 +112,10 @@ def test_scaled_lr_gives_the_vision_groups_the_scaled_rate_at_every_step(tmp_pat
 
 
 @pytest.mark.slow
-def test_lora_with_gradient_checkpointing_learns(tmp_path: Path) -> None:
+def test_lora_with_activation_checkpointing_learns(tmp_path: Path) -> None:
     """The classic pitfall: checkpointed layers whose inputs do not require grad give the adapters no gradient
     ("element 0 of tensors does not require grad", or silently nothing)."""
-    begin, end, steps = train_recorded(tmp_path, "--gradient_checkpointing", "true", "--use_peft", "true")
+    begin, end, steps = train_recorded(tmp_path, "--activation_checkpointing", "true", "--use_peft", "true")
     begin = begin["checksums"]
     assert all(step["activation_checkpointing"] for step in steps), "checkpointing was not on while training"
     assert end["lora"] != begin["lora"], "the LoRA weights did not change"

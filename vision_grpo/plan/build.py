@@ -176,14 +176,14 @@ def build_plan(
     layers = [mf.text_layer_bytes_per_token(shape, t, rank, i == 0) for i, t in enumerate(shape.layer_types)]
     full = sum(layers) * tokens + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
     checkpointed = len(layers) * tokens * shape.hidden * mf.BF16 + max(layers) * tokens
-    gc = bool(training_args.gradient_checkpointing)
+    gc = bool(training_args.activation_checkpointing)
     other = checkpointed if not gc else full
     plan.parts.append(
         Part(
-            f"activations ({'with' if gc else 'without'} gradient checkpointing)",
+            f"activations ({'with' if gc else 'without'} activation checkpointing)",
             checkpointed if gc else full,
             "train",
-            "per_device_train_batch_size" if gc else "gradient_checkpointing",
+            "per_device_train_batch_size" if gc else "activation_checkpointing",
             f"{'without' if gc else 'with'} it: {other / GiB:.2f} GiB",
         )
     )

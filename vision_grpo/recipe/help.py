@@ -54,7 +54,7 @@ MAIN_TRAINER_KEYS = (
     "seed",
     "bf16",
     "use_cpu",
-    "gradient_checkpointing",
+    "activation_checkpointing",
 )
 GROUP_TITLES = {"TaskArguments": "task", "ModelConfig": "model", "EvalArguments": "evaluation"}
 
