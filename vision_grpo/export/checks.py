@@ -1,22 +1,28 @@
 """What an export checks before it writes a model that must answer as the trained policy did: the run's base weights
-by content, the output free, an evaluation of these very weights for the card, no PEFT names left in the merged
-folder, and a push refused before any work where the Hub is unreachable.
+by content, the output free (and held by a lock), the shard size, an evaluation of these very weights for the card,
+no PEFT names left in the merged folder, and a push refused before any work where the Hub is unreachable.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.serialization._base import parse_size_to_int  # what save_pretrained parses with
 from safetensors import safe_open
 from transformers.utils import cached_file
 from trl import ModelConfig
 
 from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FULL_MODEL_FILES
+from vision_grpo.evaluation.results import not_a_result
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.vision import is_vision_parameter
-from vision_grpo.run.files import content_digest
+from vision_grpo.run.files import content_digest, hold_lock
 from vision_grpo.run.manifest import model_identity
 
 logger = logging.getLogger("vision_grpo.export")
@@ -43,7 +49,48 @@ def is_full_model(folder: Path) -> bool:
     return not (folder / ADAPTER_CONFIG).is_file() and any((folder / name).is_file() for name in FULL_MODEL_FILES)
 
 
+def shard_size(value: str) -> str:
+    """`--max_shard_size` as `save_pretrained` will read it (huggingface_hub's parser: a number and TB, GB, MB or KB),
+    checked while the arguments are parsed, not after the merge."""
+    try:
+        size = parse_size_to_int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a size: give a number and a unit, e.g. 5GB or 500MB"
+        ) from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive size: give e.g. 5GB or 500MB")
+    return value
+
+
+def read_eval_result(path: Path) -> dict[str, Any]:
+    """The `--eval` result file, read before any model loads: a missing file or one that is not a result is named."""
+    if not path.is_file():
+        raise ExportError(
+            f"--eval {path} does not exist: pass the result file eval/evaluate.py wrote for these weights"
+        )
+    if why := not_a_result(path):
+        raise ExportError(f"--eval {path} is not a result file of eval/evaluate.py ({why})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def hold_output(output: Path) -> AbstractContextManager[None]:
+    """Hold `<output>.lock` for the whole export: a second export to the same folder fails at once, naming the
+    first, instead of failing at its end on the folder the first one renamed into place."""
+    return hold_lock(
+        output.with_name(output.name + ".lock"),
+        lambda holder: ExportError(
+            f"another export (pid {holder}) is writing {output}: wait for it to end or choose another --output"
+        ),
+    )
+
+
 def check_output_free(output: Path) -> None:
+    if output.is_symlink():
+        raise ExportError(
+            f"--output {output} is a symbolic link (to {os.readlink(output)}): the export is renamed into place, "
+            "which replaces a link, not its target; pass the target folder itself as --output"
+        )
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"output {output} already holds something: choose another --output or empty it first")
     if not output.parent.is_dir():

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shutil
 import sys
@@ -33,10 +32,7 @@ from pathlib import Path
 from transformers.utils import cached_file
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.evaluation.adapters import (
-    AdapterMismatch,
-    load_verified_adapter,
-)
+from vision_grpo.evaluation.adapters import AdapterMismatch, check_adapter_dir, load_verified_adapter
 from vision_grpo.export.checks import (
     ExportError,
     adapter_weights,
@@ -44,9 +40,12 @@ from vision_grpo.export.checks import (
     check_eval_matches,
     check_output_free,
     check_push_possible,
+    hold_output,
     is_full_model,
     peft_names,
+    read_eval_result,
     run_folder_of,
+    shard_size,
     vision_lora_modules,
 )
 from vision_grpo.export.model_card import write_model_card
@@ -54,6 +53,7 @@ from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.run.files import permissions_as_created
 from vision_grpo.run.manifest import read_manifest
 
 logger = logging.getLogger("vision_grpo.export")
@@ -87,7 +87,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
     parser.add_argument("--output", required=True, help="New or empty folder to write the model into.")
     parser.add_argument("--config", help="Recipe (default: the run folder's recipe.yaml).")
     parser.add_argument("--eval", help="eval/evaluate.py result file of these weights: its summary goes in the card.")
-    parser.add_argument("--max_shard_size", default="5GB", help="Largest safetensors file (default 5GB).")
+    parser.add_argument(
+        "--max_shard_size", default="5GB", type=shard_size, help="Largest safetensors file (TB, GB, MB, KB; 5GB)."
+    )
     parser.add_argument(
         "--push_to_hub",
         metavar="REPO",
@@ -110,15 +112,31 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
 
 
 def export(argv: list[str]) -> Path:
-    """Run the export; returns the written folder."""
+    """Run the export; returns the written folder. `--output` is held by a lock from the first check to the rename."""
     args, task_args, train_args, model_args = parse_args(argv)
-    adapter, output = Path(args.adapter), Path(args.output)
+    output = Path(args.output)
     check_output_free(output)
+    with hold_output(output):
+        check_output_free(output)  # again, now that no other export can be writing it
+        _export(args, argv, task_args, train_args, model_args)
+    logger.info("exported %s to %s", args.adapter, output)
+    if args.push_to_hub:
+        push(output, args.push_to_hub, private=not args.public)
+    return output
+
+
+def _export(
+    args: argparse.Namespace, argv: list[str], task_args: TaskArguments, train_args: GRPOConfig, model_args: ModelConfig
+) -> None:
+    """The checks that need no model, then the merge, written under a temporary name and renamed to `--output`."""
+    adapter, output = Path(args.adapter), Path(args.output)
     check_push_possible(args.push_to_hub)
     run_dir = run_folder_of(adapter)
     manifest = read_manifest(run_dir)
     full = is_full_model(adapter)
-    eval_result = json.loads(Path(args.eval).read_text(encoding="utf-8")) if args.eval else None
+    if not full:
+        check_adapter_dir(adapter)  # the evaluator's message for a folder without a complete adapter
+    eval_result = read_eval_result(Path(args.eval)) if args.eval else None
     if eval_result is not None:
         check_eval_matches(Path(args.eval), eval_result, adapter_weights(adapter, full))
     trust = train_args.trust_remote_code
@@ -167,16 +185,13 @@ def export(argv: list[str]) -> Path:
             eval_path=Path(args.eval) if args.eval else None,
             eval_result=eval_result,
         )
+        permissions_as_created(staging)
         if output.exists():
             output.rmdir()  # empty (checked above)
         staging.rename(output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("exported %s to %s", adapter, output)
-    if args.push_to_hub:
-        push(output, args.push_to_hub, private=not args.public)
-    return output
 
 
 def _with_model(model_args: ModelConfig, path: str) -> ModelConfig:

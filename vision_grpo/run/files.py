@@ -31,6 +31,17 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def permissions_as_created(folder: Path) -> None:
+    """Give `folder` and the files in it the modes `mkdir` and `open` would have under the process's umask (usually
+    `drwxr-xr-x`, `-rw-r--r--`): a folder staged with `tempfile.mkdtemp` is `drwx------`, and some writers (safetensors)
+    make their files `-rw-------`, so another account, a serving container's user among them, could not read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def content_digest(files: list[Path]) -> str:
     """sha256 over the names and bytes of `files`: what identifies weights by content, whatever their path.
 
