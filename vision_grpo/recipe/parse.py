@@ -145,8 +145,8 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     parser = _RecipeParser(config_classes)
     exit_with_help(argv, config_classes, parser)
     check_cli_flags(argv, parser)
-    if "--config" in argv:
-        check_recipe_keys(recipe_path_of(argv), config_classes)
+    recipe = check_recipe_keys(recipe_path_of(argv), config_classes) if "--config" in argv else {}
+    _checkpointing_default_under_its_current_name(parser, config_classes, {*recipe, *argv})
     where = f"recipe {recipe_path_of(argv)}" if "--config" in argv else "command line"
     try:
         parsed = tuple(parser.parse_args_and_config(args=argv))
@@ -155,6 +155,22 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     _check_reward_weights(parsed, where)
     _check_lower_bounds(parsed, where)
     return parsed
+
+
+def _checkpointing_default_under_its_current_name(
+    parser: argparse.ArgumentParser, config_classes: tuple[type, ...], given: set[str]
+) -> None:
+    """TRL's trainer configs turn checkpointing on by default under transformers' deprecated name,
+    `gradient_checkpointing`, so every config built from them warned; the same default goes under the current name,
+    `activation_checkpointing`, instead. A recipe or flag that names the old key keeps transformers' handling of it
+    (its value applies, with transformers' warning about the user's key)."""
+    if {"gradient_checkpointing", "--gradient_checkpointing"} & {key.split("=", 1)[0] for key in given}:
+        return
+    for cls in config_classes:
+        fields = {field.name: field for field in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        old, new = fields.get("gradient_checkpointing"), fields.get("activation_checkpointing")
+        if old and new and new.default is None and old.default is not None:
+            parser.set_defaults(activation_checkpointing=old.default, gradient_checkpointing=None)
 
 
 def _with_plugin_task_keys(config_classes: tuple[type, ...], argv: list[str]) -> tuple[type, ...]:
