@@ -121,6 +121,16 @@ ENTRY_POINT_CASES = {
         RecipeError,
         r"max_steps must be at least -1, got -5; .*\(-1, the default, trains num_train_epochs\)",
     ),
+    "negative max_pixels": (
+        ["--max_pixels", "-5"],
+        RecipeError,
+        r"max_pixels must be at least 1, got -5; set `max_pixels`",
+    ),
+    "huge max_pixels": (
+        ["--max_pixels", "1000000000000"],
+        RecipeError,
+        r"max_pixels must be at most 64,000,000, got 1,000,000,000,000: no image above",
+    ),
     "run name outside output_dir": (
         ["--run_name", "../elsewhere"],
         RecipeError,

@@ -82,16 +82,42 @@ def accelerate_layout(path: str | None, num_processes: int | None) -> tuple[int,
     """(processes, ZeRO stage) from an accelerate config file; `--num_processes` wins over the file."""
     stage, processes = 0, 1
     if path:
-        content = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        content = accelerate_config(Path(path))
         if content.get("distributed_type") == "DEEPSPEED":
-            stage = int((content.get("deepspeed_config") or {}).get("zero_stage", 0))
-        processes = int(content.get("num_processes", 1)) if content.get("distributed_type") != "NO" else 1
+            stage = _config_int(path, "zero_stage", (content.get("deepspeed_config") or {}).get("zero_stage", 0), 0)
+        if content.get("distributed_type") != "NO":
+            processes = _config_int(path, "num_processes", content.get("num_processes", 1), 1)
     return (num_processes or processes), stage
+
+
+def accelerate_config(path: Path) -> dict[str, Any]:
+    """The accelerate config file as a mapping, or a RecipeError naming `--accelerate_config` and the file."""
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as error:
+        raise RecipeError(
+            f"--accelerate_config {path}: cannot read it ({error.strerror}); pass a config file, e.g. "
+            "accelerate_configs/ddp.yaml"
+        ) from None
+    except yaml.YAMLError as error:
+        raise RecipeError(f"--accelerate_config {path} is not valid YAML: {' '.join(str(error).split())}") from None
+    if not isinstance(content, dict):
+        raise RecipeError(
+            f"--accelerate_config {path} must be a mapping of keys to values (as `accelerate config` writes it), "
+            f"got {type(content).__name__}"
+        )
+    return content
+
+
+def _config_int(path: str, key: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RecipeError(f"--accelerate_config {path}: {key} must be an integer of at least {low}, got {value!r}")
+    return value
 
 
 def image_pixels(task_args: Any, override: int | None) -> tuple[int, str]:
     """Pixels per image and where that figure came from."""
-    if override:
+    if override is not None:
         return override, "--image_pixels"
     if task_args.task == "shapes" and not (task_args.max_pixels and task_args.max_pixels < task_args.shapes_canvas**2):
         return task_args.shapes_canvas**2, f"shapes_canvas {task_args.shapes_canvas}px"
@@ -113,6 +139,11 @@ def build_plan(
 ) -> Plan:
     """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks with a ZeRO stage."""
     config = model_config(model_args.model_name_or_path)
+    if getattr(config, "vision_config", None) is None:
+        raise RecipeError(
+            f"memory plan: {model_args.model_name_or_path} is a text-only model ({type(config).__name__}, no "
+            "vision_config): these recipes train vision-language models; set model_name_or_path to a Qwen-VL one"
+        )
     shape = mf.shape_of(config)
     peft = bool(model_args.use_peft)
     rank = model_args.lora_r if peft else 0

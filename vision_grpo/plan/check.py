@@ -16,6 +16,7 @@ import yaml
 from vision_grpo.plan.build import DEFAULT_PROMPT_TEXT_TOKENS, accelerate_layout, build_plan
 from vision_grpo.plan.parts import GiB, Plan
 from vision_grpo.recipe.arguments import RecipeError
+from vision_grpo.recipe.bounds import bounded_int
 
 logger = logging.getLogger("vision_grpo.plan")
 
@@ -27,12 +28,12 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
     from vision_grpo.recipe.arguments import TaskArguments
     from vision_grpo.recipe.parse import parse_recipe
 
-    own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--num_processes", type=int)
+    own = argparse.ArgumentParser(prog="python -m vision_grpo.plan", add_help=False)
+    own.add_argument("--num_processes", type=bounded_int("num_processes"))
     own.add_argument("--accelerate_config")
-    own.add_argument("--image_pixels", type=int)
-    own.add_argument("--prompt_text_tokens", type=int, default=DEFAULT_PROMPT_TEXT_TOKENS)
-    own.add_argument("--images_per_prompt", type=int, default=1)
+    own.add_argument("--image_pixels", type=bounded_int("image_pixels"))
+    own.add_argument("--prompt_text_tokens", type=bounded_int("prompt_text_tokens"), default=DEFAULT_PROMPT_TEXT_TOKENS)
+    own.add_argument("--images_per_prompt", type=bounded_int("images_per_prompt"), default=1)
     flags, rest = own.parse_known_args(argv)
     # The plan runs anywhere: without `use_cpu` a bf16 recipe is refused by TrainingArguments on a machine with no GPU
     task_args, training_args, model_args = parse_recipe(

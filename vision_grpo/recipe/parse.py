@@ -23,6 +23,7 @@ from trl import TrlParser
 
 from vision_grpo.plugins.tasks import TaskPluginError
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments, arguments_class
+from vision_grpo.recipe.bounds import ABOVE_ZERO, LOWER_BOUNDS, UPPER_BOUNDS, bound_error
 from vision_grpo.recipe.help import exit_with_help
 
 
@@ -208,20 +209,8 @@ def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
         )
 
 
-# Trainer keys whose bad values TRL or torch refuse only once the model has loaded (a negative learning rate, when
-# the optimizer is built; a batch of 0 or a temperature of 0 at the first step), that would generate nothing to
-# learn from (no completion tokens), or that would silently mean something else (`max_steps: -5` trains by epochs).
-LOWER_BOUNDS = {
-    "max_completion_length": 1,
-    "learning_rate": 0,
-    "per_device_train_batch_size": 1,
-    "gradient_accumulation_steps": 1,
-    "max_steps": -1,
-}
-ABOVE_ZERO = ("temperature",)  # sampling divides the logits by it
-
-
 def _check_lower_bounds(parsed: tuple[Any, ...], where: str) -> None:
+    """Every key of the bounds table (vision_grpo/recipe/bounds.py) within its bounds, finite, and no NaN anywhere."""
     for config in parsed:
         for f in dataclasses.fields(config):
             value = getattr(config, f.name, None)
@@ -229,17 +218,13 @@ def _check_lower_bounds(parsed: tuple[Any, ...], where: str) -> None:
                 raise RecipeError(f"{where}: {f.name} must be a finite number, got {value}")
             if isinstance(value, float) and math.isnan(value):
                 raise RecipeError(f"{where}: {f.name} must be a number, got {value}")
-        for key, low in LOWER_BOUNDS.items():
+        for key in (*LOWER_BOUNDS, *UPPER_BOUNDS, *ABOVE_ZERO):
             value = getattr(config, key, None)
-            if value is not None and value < low:
-                hint = " (-1, the default, trains num_train_epochs)" if key == "max_steps" else ""
-                raise RecipeError(
-                    f"{where}: {key} must be at least {low}, got {value}; set `{key}` to {low} or more{hint}"
-                )
-        for key in ABOVE_ZERO:
-            value = getattr(config, key, None)
-            if value is not None and value <= 0:
-                raise RecipeError(f"{where}: {key} must be above 0, got {value}; set `{key}` to a positive number")
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (error := bound_error(key, value)):
+                raise RecipeError(f"{where}: {error}")
+        low, high = getattr(config, "min_pixels", None), getattr(config, "max_pixels", None)
+        if low is not None and high is not None and low > high:
+            raise RecipeError(f"{where}: min_pixels ({low:,}) is above max_pixels ({high:,}); set min_pixels lower")
 
 
 def recipe_path_of(argv: list[str]) -> str | None:

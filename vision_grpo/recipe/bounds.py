@@ -1,0 +1,67 @@
+"""The one table of numeric limits that recipe keys and the entry points' own size and count flags are checked
+against, while the arguments are parsed: a value out of range would otherwise be refused by TRL or torch only once
+the model has loaded, silently mean something else, or make a formula meaningless (a negative pixel count's square
+root is complex; a trillion pixels is a billion-token prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+# No image above this many pixels is decoded (data's MAX_DECODE_PIXELS; tests check the two agree), so a pixel limit
+# above it means nothing.
+PIXEL_CEILING = 64_000_000
+
+# Trainer keys whose bad values TRL or torch refuse only once the model has loaded (a negative learning rate, when
+# the optimizer is built; a batch of 0 or a temperature of 0 at the first step), that would generate nothing to
+# learn from (no completion tokens), or that would silently mean something else (`max_steps: -5` trains by epochs);
+# the processor's pixel limits; the memory plan's flags.
+LOWER_BOUNDS = {
+    "max_completion_length": 1,
+    "learning_rate": 0,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "max_steps": -1,
+    "min_pixels": 1,
+    "max_pixels": 1,
+    "num_processes": 1,
+    "image_pixels": 1,
+    "images_per_prompt": 1,
+    "prompt_text_tokens": 0,
+}
+UPPER_BOUNDS = {"min_pixels": PIXEL_CEILING, "max_pixels": PIXEL_CEILING, "image_pixels": PIXEL_CEILING}
+ABOVE_ZERO = ("temperature",)  # sampling divides the logits by it
+HINTS = {"max_steps": " (-1, the default, trains num_train_epochs)"}
+
+
+def bound_error(key: str, value: float, name: str | None = None) -> str | None:
+    """What is wrong with `value` for `key` (shown as `name`, e.g. `--num_processes`), or None if it is in range."""
+    name = name or f"`{key}`"
+    low, high = LOWER_BOUNDS.get(key), UPPER_BOUNDS.get(key)
+    if low is not None and value < low:
+        return f"{key} must be at least {low}, got {value}; set {name} to {low} or more{HINTS.get(key, '')}"
+    if high is not None and value > high:
+        return (
+            f"{key} must be at most {high:,}, got {value:,}: no image above {PIXEL_CEILING:,} pixels is decoded, "
+            f"so a larger limit means nothing; set {name} to {high:,} or less"
+        )
+    if key in ABOVE_ZERO and value <= 0:
+        return f"{key} must be above 0, got {value}; set {name} to a positive number"
+    return None
+
+
+def bounded_int(key: str) -> Callable[[str], int]:
+    """An argparse `type` for the flag `--<key>`: an integer within the table's bounds, else argparse's error naming
+    the flag (`argument --num_processes: num_processes must be at least 1, got 0; …`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if error := bound_error(key, value, f"--{key}"):
+            raise argparse.ArgumentTypeError(error)
+        return value
+
+    return parse
