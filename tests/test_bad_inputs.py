@@ -48,6 +48,15 @@ def raises_on_completions(completions, **kwargs):
     """Test only: a plugin bug that shows only once completions arrive."""
     return [1 / 0 for _ in completions]
 '''
+NONE_PLUGIN = '''
+from vision_grpo.rewards import reward
+
+
+@reward()
+def raises_on_completions(completions, **kwargs):
+    """Test only: a plugin whose "not mine" (None) covers every completion, so that no reward scores any."""
+    return [None for _ in completions]
+'''
 EXITING_PLUGIN = '''
 import sys
 
@@ -385,15 +394,17 @@ def test_hostile_completions_get_a_number_from_every_builtin_reward(text: str) -
 @pytest.mark.parametrize(
     ("source", "said"),
     [
-        (RAISING_PLUGIN, "raised ZeroDivisionError: division by zero"),
-        (EXITING_PLUGIN, "called sys.exit(0) (SystemExit)"),
+        (RAISING_PLUGIN, "{where} raised ZeroDivisionError: division by zero"),
+        (EXITING_PLUGIN, "{where} called sys.exit(0) (SystemExit)"),
+        (NONE_PLUGIN, "no reward scored 8 of 8 completions (rows id="),
     ],
-    ids=["raises", "sys.exit(0)"],
+    ids=["raises", "sys.exit(0)", "None for every completion"],
 )
 def test_a_plugin_that_fails_during_training_stops_the_run_naming_it(
     tiny_model_path: Path, tmp_path: Path, source: str, said: str
 ) -> None:
-    """A plugin bug, or a plugin ending the process with `sys.exit(0)`: exit status 1 naming it, no weights."""
+    """A plugin bug, a plugin ending the process with `sys.exit(0)`, or one that scores no completion (before: exit
+    0, loss 0 and gradient 0 at every step): exit status 1 naming it, no weights."""
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "buggy.py").write_text(source)
@@ -407,7 +418,10 @@ def test_a_plugin_that_fails_during_training_stops_the_run_naming_it(
         line for line in process.stderr.splitlines() if line.startswith("vision_grpo.rewards.RewardPluginError")
     ]
     where = f"reward `raises_on_completions` ({(plugins / 'buggy.py').resolve()})"
-    assert error.startswith(f"vision_grpo.rewards.RewardPluginError: {where} {said}")
+    assert (
+        error.startswith(f"vision_grpo.rewards.RewardPluginError: {said.format(where=where)}")
+        and where.removeprefix("reward ") in error
+    )
     run_dir = tmp_path / "runs" / "r"
     assert not list(run_dir.glob("checkpoint-*")) and not (run_dir / "adapter_model.safetensors").exists()
     assert json.loads((run_dir / "manifest.json").read_text())["ended"] is None  # never recorded as finished

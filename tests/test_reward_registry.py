@@ -105,10 +105,31 @@ def test_a_bad_return_value_names_the_plugin(tmp_path: Path, expression: str, co
 
 def test_none_and_numpy_numbers_are_valid_rewards(tmp_path: Path) -> None:
     name, _ = plugin_returning(tmp_path, "[None, np.float32(0.5)]")
-    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    other, _ = plugin_returning(tmp_path, "[1.0, None]")  # None: "not mine", where another reward scores it
+    func, other_func = get_reward_funcs([name, other], extra_dirs=[tmp_path])
     values = func(completions=COMPLETIONS)
     assert values == [None, 0.5]
     assert type(values[1]) is float
+    assert other_func(completions=COMPLETIONS) == [1.0, None]
+
+
+def test_a_completion_no_reward_scores_is_an_error_naming_the_rewards_and_rows(tmp_path: Path) -> None:
+    """Before: TRL summed the NaNs as reward 0; a reward returning None everywhere trained nothing, exit 0."""
+    some, some_path = plugin_returning(tmp_path, "[None, 1.0, None]")
+    none, none_path = plugin_returning(tmp_path, "[None] * len(completions)")
+    completions = [*COMPLETIONS, COMPLETIONS[0]]
+    ids = ["row-a", "row-b", "row-c"]
+    first, second = get_reward_funcs([some, none], extra_dirs=[tmp_path])
+    assert first(completions=completions, id=ids) == [None, 1.0, None]
+    with pytest.raises(
+        RewardPluginError, match=r"no reward scored 2 of 3 completions \(rows id=row-a, row-c\)"
+    ) as error:
+        second(completions=completions, id=ids)
+    assert f"`{some}` ({some_path.resolve()})" in str(error.value)
+    assert f"`{none}` ({none_path.resolve()})" in str(error.value)
+    (alone,) = get_reward_funcs([none], extra_dirs=[tmp_path])
+    with pytest.raises(RewardPluginError, match=r"no reward scored 2 of 2 completions \(rows id=#0, #1\)"):
+        alone(completions=COMPLETIONS)
 
 
 def test_a_plugin_that_raises_names_the_plugin_and_file(tmp_path: Path) -> None:

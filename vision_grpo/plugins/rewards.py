@@ -20,6 +20,7 @@ from typing import Any
 
 from vision_grpo.plugins.files import ENDS_THE_RUN, ended, import_plugin, plugin_files
 from vision_grpo.plugins.reward_calls import StopRequested, reward_call
+from vision_grpo.plugins.reward_rounds import RewardRound
 
 logger = logging.getLogger(__name__)
 RewardFunc = Callable[..., list[float | None]]
@@ -106,8 +107,9 @@ def _discover(extra_dirs: Sequence[str | Path]) -> tuple[dict[str, RegisteredRew
     return dict(_REGISTRY), broken
 
 
-def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
-    """Wrap a plugin so that a bad return value fails loudly with the plugin's name and file."""
+def _checked(entry: RegisteredReward, context: dict[str, Any], scoring: RewardRound, position: int) -> RewardFunc:
+    """Wrap a plugin so that a bad return value fails loudly with the plugin's name and file, and a completion that
+    none of the recipe's rewards scored (`scoring`, where this reward is at `position`) with the rewards and rows."""
     accepted = inspect.signature(entry.func).parameters
     bound = {key: value for key, value in context.items() if key in accepted}
     func = functools.partial(entry.func, **bound) if bound else entry.func
@@ -131,6 +133,8 @@ def _checked(entry: RegisteredReward, context: dict[str, Any]) -> RewardFunc:
                 raise RewardPluginError(f"{where} returned {value!r}; rewards must be numbers or None")
             if value is not None and not math.isfinite(value):
                 raise RewardPluginError(f"{where} returned {value}; rewards must be finite (None marks 'no reward')")
+        if unscored := scoring.add(position, values, kwargs):
+            raise RewardPluginError(unscored)
         return [None if value is None else float(value) for value in values]
 
     checked.__name__ = entry.name  # TRL logs `rewards/<__name__>/mean`
@@ -166,7 +170,8 @@ def get_reward_funcs(
         raise RewardPluginError(f"unknown reward(s) {missing}; available: {sorted(registry)}")
     for error in broken:  # a broken file this run does not need must not stop it, nor pass unseen
         logger.warning("%s; this run does not use it and goes on", error)
-    return [_checked(registry[name], context or {}) for name in names]
+    scoring = RewardRound([f"`{name}` ({registry[name].source})" for name in names])
+    return [_checked(registry[name], context or {}, scoring, i) for i, name in enumerate(names)]
 
 
 def get_recipe_rewards(task_args: Any, tokenizer: Any) -> list[RewardFunc]:
