@@ -64,6 +64,12 @@ def test_a_folder_that_is_not_an_adapter_gets_the_evaluators_message(run: Path, 
         export_cli.main(["--adapter", str(folder), "--output", str(tmp_path / "out")])
 
 
+def test_the_adapters_weights_file_points_to_its_folder(run: Path, tmp_path: Path, no_model: None) -> None:
+    weights = run / "adapter_model.safetensors"
+    with pytest.raises(AdapterMismatch, match=rf"--adapter {weights} is a file: .*; pass --adapter {run}$"):
+        export_cli.main(["--adapter", str(weights), "--output", str(tmp_path / "out")])
+
+
 def test_an_output_that_is_a_symbolic_link_is_refused(run: Path, tmp_path: Path, no_model: None) -> None:
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to("target")

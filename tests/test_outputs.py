@@ -12,6 +12,7 @@ import pytest
 from conftest import entry_point
 
 from vision_grpo.evaluation import evaluate, pass_at_k, results
+from vision_grpo.evaluation.adapters import AdapterMismatch
 from vision_grpo.run.outputs import OutputIsInput, check_outputs_are_not_inputs
 
 SHAPES_RECIPE = "recipes/shapes/tiny_cpu.yaml"
@@ -81,6 +82,18 @@ def test_a_result_is_still_replaceable(tmp_path: Path) -> None:
     output = tmp_path / "eval.json"
     output.write_text(json.dumps(RESULT))
     results.check_replaceable(output)
+
+
+def test_the_adapters_weights_file_as_adapter_points_to_its_folder(recipe: Path, tmp_path: Path) -> None:
+    """Before: `adapter folder <file> does not exist`, about a file that does exist."""
+    weights = tmp_path / "checkpoint-2" / "adapter_model.safetensors"
+    weights.parent.mkdir()
+    weights.write_bytes(b"")
+    message = (
+        rf"--adapter {weights} is a file: an adapter is the folder that holds .*; pass --adapter {weights.parent}$"
+    )
+    with pytest.raises(AdapterMismatch, match=message):
+        evaluate.main(["--config", str(recipe), "--adapter", str(weights), "--output", str(tmp_path / "r.json")])
 
 
 def test_compare_refuses_to_write_its_report_over_a_result_it_reads(tmp_path: Path) -> None:

@@ -41,6 +41,11 @@ def _shorten(items: list[str]) -> str:
 def check_adapter_dir(adapter_dir: str | Path) -> Path:
     """The folder, if it holds a PEFT adapter (a run's final folder or a `checkpoint-N`); else a clear error."""
     adapter_dir = Path(adapter_dir)
+    if adapter_dir.is_file():
+        raise AdapterMismatch(
+            f"--adapter {adapter_dir} is a file: an adapter is the folder that holds {ADAPTER_CONFIG} and "
+            f"{ADAPTER_WEIGHTS} (a run folder or its checkpoint-N); pass --adapter {adapter_dir.parent}"
+        )
     if not adapter_dir.is_dir():
         raise AdapterMismatch(f"adapter folder {adapter_dir} does not exist")
     missing = [name for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (adapter_dir / name).is_file()]

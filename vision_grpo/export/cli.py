@@ -99,6 +99,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
     parser.add_argument("--public", action="store_true", help="Create the Hub repo public (default: private).")
     args, recipe_argv = parser.parse_known_args(argv)
     adapter = Path(args.adapter)
+    if adapter.is_file():
+        check_adapter_dir(adapter)  # the evaluator's message: pass the folder that holds it
     if not adapter.is_dir():
         raise ExportError(f"--adapter {adapter} does not exist")
     config = args.config or str(run_folder_of(adapter) / "recipe.yaml")
