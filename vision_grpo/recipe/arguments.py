@@ -61,6 +61,13 @@ class BaseTaskArguments:
     vision_tower: str = field(default="freeze", metadata={"help": "`train`, `freeze` or `scaled_lr`."})
     vision_lr_scale: float = field(default=0.1, metadata={"help": "Learning-rate factor with `scaled_lr`."})
     lora_on_vision: bool = field(default=False, metadata={"help": "Also put LoRA adapters on the vision tower."})
+    share_prompt_copies: bool = field(
+        default=True,
+        metadata={
+            "help": "Encode each distinct image of a batch once (GRPO's G copies of a prompt share it); false: the "
+            "per-copy path, for comparison or as an escape hatch."
+        },
+    )
     # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
     sft_targets: list[str] = field(
         default_factory=lambda: ["{count}.", "I count {count} of them, so the answer is \\boxed{{count}}."],

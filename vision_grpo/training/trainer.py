@@ -1,15 +1,18 @@
 """TRL's GRPOTrainer with what vision-language GRPO needs on top, as small named overrides: vision special tokens
-never sampled, vLLM prompts in the form the engine expects (with the logprob-gap guard), the vision tower's own
-learning rate, and a data order that survives a resume across epochs.
+never sampled, vLLM prompts in the form the engine expects (with the logprob-gap guard), each distinct image encoded
+once (vision_grpo/models/shared_vision.py), the vision tower's own learning rate, and a data order that survives a
+resume across epochs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
@@ -28,10 +31,15 @@ class VisionGRPOTrainer(GRPOTrainer):
         *args: Any,
         vision_lr_scale: float | None = None,
         logprob_guard: LogprobGapGuard | None = None,
+        share_prompt_copies: bool = True,
         **kwargs: Any,
     ) -> None:
         self.vision_lr_scale = vision_lr_scale
         super().__init__(*args, **kwargs)
+        if share_prompt_copies:  # after super(): PEFT's adapters are in place, so "frozen" means frozen
+            zero3 = getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
+            shared = share_vision_tower(self.model, reuse_across_passes=not zero3)
+            self.add_callback(StepScopedFeatures(shared))
         if not self.use_vllm:  # vLLM samples with its own logits processing
             already = self.generation_kwargs.get("suppress_tokens") or []
             suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
@@ -50,6 +58,24 @@ class VisionGRPOTrainer(GRPOTrainer):
         if self.vision_lr_scale is not None:
             split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
         return optimizer
+
+
+class StepScopedFeatures(TrainerCallback):
+    """Scopes the frozen tower's feature cache to one optimizer step: filled by the step's first pass (generation),
+    read by its later ones (old policy, reference, policy), emptied at its end - so evaluation between steps and
+    the next step never see it, and it holds one step's distinct images at most."""
+
+    def __init__(self, towers: list[SharedVisionTower]) -> None:
+        self.caches = [tower.cache for tower in towers if tower.cache is not None]
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        for cache in self.caches:
+            cache.active = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for cache in self.caches:
+            cache.active = False
+            cache.clear()
 
 
 def split_vision_param_group(optimizer: Any, model: Any, scale: float) -> None:
