@@ -121,7 +121,7 @@ def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> 
         "attention_mask": torch.cat([batch["attention_mask"], torch.ones_like(completion)], 1),
         "mm_token_type_ids": torch.cat([batch["mm_token_type_ids"], torch.zeros_like(completion)], 1),
     }
-    logits = model(**sequences).logits[:, -COMPLETION - 1 : -1]
+    logits = model(**sequences, logits_to_keep=COMPLETION + 1).logits[:, :-1]  # as TRL: the completion's only
     log_probs = logits.log_softmax(-1).gather(-1, completion[..., None]).squeeze(-1)
     (-log_probs.mean()).backward()
     end = time.perf_counter()

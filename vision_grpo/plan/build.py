@@ -162,6 +162,12 @@ def build_plan(
         generated = training_args.generation_batch_size // num_processes
     else:
         generated = batch * training_args.steps_per_generation
+    # With `share_prompt_copies` the tower encodes each of a prompt's G copies once (vision_grpo/models/shared_vision.py):
+    # TRL's sampler keeps the copies together, so n sequences hold ceil(n / G) distinct prompts.
+    share = task_args.share_prompt_copies
+    distinct_generated, distinct_batch = (
+        (-(-n // training_args.num_generations) if share else n) for n in (generated, batch)
+    )
 
     plan = Plan(
         model=model_args.model_name_or_path,
@@ -219,7 +225,7 @@ def build_plan(
         )
     )
     if vision_trains:
-        vision_patches = batch * images_per_prompt * patches
+        vision_patches = distinct_batch * images_per_prompt * patches
         block = mf.vision_block_bytes_per_patch(shape, rank)
         vision = (
             shape.vision_depth * vision_patches * shape.vision_hidden * mf.BF16 + block * vision_patches
@@ -227,6 +233,11 @@ def build_plan(
             else shape.vision_depth * block * vision_patches
         )
         plan.parts.append(Part(f"vision tower activations ({vision_patches} patches)", vision, "train", "max_pixels"))
+    elif share and zero_stage != 3 and not training_args.use_vllm:  # the step's features, kept for its later passes
+        kept = distinct_generated * images_per_prompt * image_tokens * mf.cached_bytes_per_image_token(shape)
+        plan.parts.append(
+            Part(f"vision features kept for the step ({distinct_generated} prompts)", kept, "both", "max_pixels")
+        )
     kept, transient = mf.head_bytes(shape, batch * completion, lm_head_trains=not peft)
     plan.parts.append(
         Part(
@@ -246,14 +257,32 @@ def build_plan(
         key = "steps_per_generation (fewer sequences per generate call) or use_vllm"
         plan.parts.append(Part(f"generation cache, prompts ({generated} sequences)", prompts + state, "generate", key))
         plan.parts.append(Part("generation cache, completions", completions, "decode", key))
-        # The vision tower encodes every image of the call, then the language model's prefill runs with the
-        # encoded images (and the pixel patches) alive
+        # The vision tower encodes every distinct image of the call (every image with `share_prompt_copies: false`),
+        # then the language model's prefill runs, G copies of each prompt, with the encoded images (and the pixel
+        # patches) alive
         language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images_per_prompt * image_tokens * (
             mf.image_bytes_per_image_token(shape)
         )
         language = generated * language + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
         pixels = 3 * shape.temporal_patch * shape.patch**2
-        encode = generated * images_per_prompt * patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
-        plan.parts.append(Part("vision tower, encoding the call's images", encode, "encode", "max_pixels"))
+        # Every copy's float32 patches (TRL's inputs) and bf16 cast are alive; the tower's working memory is per
+        # distinct image (its bf16 patch copy is in `vision_prefill_bytes_per_patch`).
+        encode = (
+            images_per_prompt
+            * patches
+            * (
+                generated * mf.FP32 * pixels
+                + (generated - distinct_generated) * mf.BF16 * pixels
+                + distinct_generated * mf.vision_prefill_bytes_per_patch(shape)
+            )
+        )
+        plan.parts.append(
+            Part(
+                f"vision tower, encoding the call's images ({distinct_generated} distinct of {generated})",
+                encode,
+                "encode",
+                "max_pixels",
+            )
+        )
         plan.parts.append(Part("generation prefill (language model)", language, "prefill", "steps_per_generation"))
     return plan

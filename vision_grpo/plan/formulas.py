@@ -295,6 +295,13 @@ def image_bytes_per_image_token(shape: ModelShape) -> float:
     return shape.merge**2 * (FP32 * pixels + BF16 * shape.vision_hidden) + encoded
 
 
+def cached_bytes_per_image_token(shape: ModelShape) -> float:
+    """Bytes per image token a frozen tower's step cache holds for a distinct image: the bf16 pixel patches it
+    confirms matches with, the tower's last hidden states, its merged output and each deepstack level's features."""
+    pixels = 3 * shape.temporal_patch * shape.patch**2
+    return shape.merge**2 * BF16 * (pixels + shape.vision_hidden) + BF16 * shape.hidden * (1 + shape.deepstack_levels)
+
+
 def vision_block_bytes_per_patch(shape: ModelShape, lora_rank: int) -> float:
     """Bytes one vision block keeps for backward per patch when it trains (LoRA on the vision tower, or full)."""
     d, i = shape.vision_hidden, shape.vision_intermediate
