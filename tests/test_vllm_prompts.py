@@ -3,6 +3,7 @@ image placeholders as vLLM does). The same code runs against a real CPU vLLM bui
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ from vision_grpo.models.vllm_prompts import (
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.training.logprob_guard import GAP_KEY, LogprobGapError, LogprobGapGuard
-from vision_grpo.training.vllm_generation import VisionPromptEngine, VisionVLLMGeneration
+from vision_grpo.training.vllm_generation import VisionPromptEngine, VisionVLLMGeneration, copy_groups
 
 PAD = 7  # an image token id for the pure-list tests
 
@@ -67,6 +68,12 @@ class ImageExpandingEngine:
                     1 if image is None else self.image_tokens(image, prompt.get("mm_processor_kwargs", {}))
                 )
             outputs.append(SimpleNamespace(prompt_token_ids=ids))
+        params = kwargs.get("sampling_params")
+        for index, output in enumerate(outputs):  # n samples per request, as vLLM returns them
+            n = (params[index] if isinstance(params, list) else params).n if params is not None else 1
+            output.outputs = [
+                SimpleNamespace(request=len(self.received) - len(prompts) + index, sample=k) for k in range(n)
+            ]
         return outputs
 
     def reset_prefix_cache(self) -> str:
@@ -106,6 +113,51 @@ def test_the_engine_expands_prompts_to_the_trainers_ids_with_the_trainers_pixel_
     assert output.prompt_token_ids == expanded
     assert engine.llm.received[0]["prompt_token_ids"].count(processor.image_token_id) == 2
     assert engine.reset_prefix_cache() == "engine's own"  # everything else is the engine's
+
+
+@dataclass
+class Sampling:
+    """vLLM's SamplingParams as the wrapper uses it: `n` and `clone` (the real class runs in tests_vllm/)."""
+
+    n: int = 1
+
+    def clone(self) -> Sampling:
+        return Sampling(self.n)
+
+
+def test_only_runs_of_the_same_ids_and_pixels_count_as_copies() -> None:
+    red, also_red, blue = (
+        Image.new("RGB", (28, 28), "red"),
+        Image.new("RGB", (28, 28), "red"),
+        Image.new("RGB", (28, 28)),
+    )
+    prompts = [
+        {"prompt_token_ids": [1, 2], "multi_modal_data": {"image": red}},
+        {"prompt_token_ids": [1, 2], "multi_modal_data": {"image": also_red}},  # another object, the same pixels
+        {"prompt_token_ids": [1, 2], "multi_modal_data": {"image": blue}},  # the same ids, other pixels
+        {"prompt_token_ids": [1, 3], "multi_modal_data": {"image": blue}},
+        {"prompt_token_ids": [1, 3]},  # no image
+        {"prompt_token_ids": [1, 3]},
+        {"prompt_token_ids": [1, 2], "multi_modal_data": {"image": red}},  # a copy, but not next to its first
+    ]
+    assert copy_groups(prompts) == [(0, 2), (2, 1), (3, 1), (4, 2), (6, 1)]
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_copies_reach_the_engine_once_with_n_and_come_back_one_per_copy(processor, share: bool) -> None:
+    expanded, images = two_image_prompt(processor)
+    other = [Image.new("RGB", image.size, "white") for image in images]
+    prompts = [
+        {"prompt_token_ids": expanded, "multi_modal_data": {"image": pixels}} for pixels in [images] * 3 + [other]
+    ]
+    engine = VisionPromptEngine(
+        ImageExpandingEngine(processor), processor.image_token_id, pixel_kwargs(processor), share_copies=share
+    )
+    outputs = engine.generate(prompts, sampling_params=Sampling())
+    requests = [(output.request, output.sample) for out in outputs for output in out.outputs]
+    assert len(engine.llm.received) == (2 if share else 4)
+    assert requests == ([(0, 0), (0, 1), (0, 2), (1, 0)] if share else [(0, 0), (1, 0), (2, 0), (3, 0)])
+    assert all(output.prompt_token_ids == expanded for output in outputs)
 
 
 def test_trls_expanded_prompt_or_other_pixel_limits_are_refused(processor) -> None:

@@ -40,6 +40,15 @@ def test_colocate_grpo_trains_two_steps_with_the_guard_green(green) -> None:
     assert (run_dir / "adapter_model.safetensors").is_file()
 
 
+def test_the_engine_gets_each_prompt_once_with_n_copies(green) -> None:
+    """TRL sends G = 4 copies of each prompt with n = 1; the engine gets each once with n = 4 (the recipe's G)."""
+    process, _ = green
+    sent = re.search(r"vLLM: (\d+) prompts sent as (\d+) requests", process.stdout + process.stderr)
+    assert sent is not None
+    prompts, requests = map(int, sent.groups())
+    assert prompts == 4 * requests
+
+
 def test_the_weights_moved_so_step_two_ran_on_synced_weights(green) -> None:
     process, _ = green
     grad_norms = logged(process.stdout + process.stderr, "grad_norm")

@@ -162,7 +162,7 @@ def build_plan(
         generated = training_args.generation_batch_size // num_processes
     else:
         generated = batch * training_args.steps_per_generation
-    # With `share_prompt_copies` the tower encodes each of a prompt's G copies once (vision_grpo/models/shared_vision.py):
+    # With `share_prompt_copies` the tower encodes a prompt's G copies once (vision_grpo/models/shared_vision.py):
     # TRL's sampler keeps the copies together, so n sequences hold ceil(n / G) distinct prompts.
     share = task_args.share_prompt_copies
     distinct_generated, distinct_batch = (

@@ -46,7 +46,7 @@ class VisionGRPOTrainer(GRPOTrainer):
             self.generation_kwargs["suppress_tokens"] = suppressed
             self.generation_config.suppress_tokens = suppressed
         else:  # un-expanded prompts into the engine, vision tokens biased away, the logprob gap guarded
-            VisionVLLMGeneration.of(self.vllm_generation, self.processing_class)
+            VisionVLLMGeneration.of(self.vllm_generation, self.processing_class, share_prompt_copies)
             self.add_callback(logprob_guard or LogprobGapGuard())
 
     def _get_train_sampler(self, dataset=None):

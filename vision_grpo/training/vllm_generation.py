@@ -11,13 +11,19 @@ docs/scaling.md with the command):
    `VisionPromptEngine` does that and checks the engine's prompt.
    Server mode already pairs the trainer's expanded ids with features the server computed; there the risk is a
    server whose pixel limits differ from the recipe's, which `VisionVLLMGeneration._place_features` refuses.
-2. Vision tokens. TRL suppresses the image token only for HF generation; vLLM samples it, and training crashes a
+2. Copies (colocate). TRL sends each of a prompt's G copies as its own request with n = 1 (its server mode already
+   sends each prompt once with n = G), so the engine encodes each image and prefills each prompt G times.
+   `VisionPromptEngine` sends consecutive identical prompts (the same ids and the same pixels) once with n = G and
+   hands TRL one output per copy, in TRL's order.
+3. Vision tokens. TRL suppresses the image token only for HF generation; vLLM samples it, and training crashes a
    step later ("Image features and image tokens do not match"). A -100 logit bias on every vision special token
    (the ones `VisionGRPOTrainer` suppresses for HF generation) keeps vLLM from sampling them, in both modes.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Any
 
 from trl.generation.vllm_generation import VLLMGeneration
@@ -30,6 +36,34 @@ from vision_grpo.models.vllm_prompts import (
     vision_logit_bias,
 )
 
+logger = logging.getLogger(__name__)
+
+
+def _same_images(a: Any, b: Any) -> bool:
+    """The same image data: the same objects, or PIL images (or lists of them) of equal size, mode and pixels."""
+    if a is b:
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_images(x, y) for x, y in zip(a, b, strict=True))
+    return all(hasattr(x, "tobytes") for x in (a, b)) and (a.size, a.mode, a.tobytes()) == (b.size, b.mode, b.tobytes())
+
+
+def copy_groups(prompts: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(first index, count) of each run of consecutive identical prompts: the same token ids and the same images."""
+    groups: list[tuple[int, int]] = []
+    for index, prompt in enumerate(prompts):
+        if groups:
+            first, count = groups[-1]
+            head = prompts[first]
+            same_images = _same_images(
+                head.get("multi_modal_data", {}).get("image"), prompt.get("multi_modal_data", {}).get("image")
+            )
+            if list(head["prompt_token_ids"]) == list(prompt["prompt_token_ids"]) and same_images:
+                groups[-1] = (first, count + 1)
+                continue
+        groups.append((index, 1))
+    return groups
+
 
 class VisionPromptEngine:
     """TRL's colocated `vllm.LLM` with one change: prompts with images reach `generate` un-expanded, with the
@@ -38,10 +72,14 @@ class VisionPromptEngine:
     Everything else (`llm_engine`, `sleep`, `wake_up`, `reset_prefix_cache`, ...) is the engine's own.
     """
 
-    def __init__(self, llm: Any, image_token_id: int, mm_processor_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, llm: Any, image_token_id: int, mm_processor_kwargs: dict[str, Any], share_copies: bool = True
+    ) -> None:
         self.llm = llm
         self.image_token_id = image_token_id
         self.mm_processor_kwargs = mm_processor_kwargs
+        self.share_copies = share_copies
+        self.reported = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.llm, name)
@@ -57,10 +95,37 @@ class VisionPromptEngine:
         }
 
     def generate(self, prompts: list[dict[str, Any]], *args: Any, **kwargs: Any) -> list[Any]:
-        outputs = self.llm.generate([self.engine_prompt(prompt) for prompt in prompts], *args, **kwargs)
+        sampling = kwargs.get("sampling_params")
+        groups = copy_groups(prompts) if self.share_copies and not args and getattr(sampling, "n", 0) == 1 else []
+        if len(groups) < len(prompts) and groups:
+            outputs = self._generate_once_per_prompt(prompts, groups, kwargs)
+        else:
+            outputs = self.llm.generate([self.engine_prompt(prompt) for prompt in prompts], *args, **kwargs)
         for prompt, output in zip(prompts, outputs, strict=True):
             check_engine_prompt(list(prompt["prompt_token_ids"]), list(output.prompt_token_ids), self.image_token_id)
         return outputs
+
+    def _generate_once_per_prompt(
+        self, prompts: list[dict[str, Any]], groups: list[tuple[int, int]], kwargs: dict[str, Any]
+    ) -> list[Any]:
+        """Each run of copies as one request with n = its count; one output per copy back, in the prompts' order."""
+        params = []
+        for _, count in groups:
+            param = kwargs["sampling_params"].clone()
+            param.n = count
+            params.append(param)
+        if not self.reported:
+            self.reported = True
+            logger.info("vLLM: %d prompts sent as %d requests, each with n = its copies", len(prompts), len(groups))
+        requests = [self.engine_prompt(prompts[first]) for first, _ in groups]
+        outputs = self.llm.generate(requests, **{**kwargs, "sampling_params": params})
+        per_copy = []
+        for output in outputs:
+            for sample in output.outputs:
+                single = copy.copy(output)
+                single.outputs = [sample]
+                per_copy.append(single)
+        return per_copy
 
 
 class VisionVLLMGeneration(VLLMGeneration):
@@ -68,7 +133,7 @@ class VisionVLLMGeneration(VLLMGeneration):
     check in server mode. Applied to the trainer's instance after TRL built it (the engine is already running)."""
 
     @classmethod
-    def of(cls, generation: VLLMGeneration, processor: Any) -> VisionVLLMGeneration:
+    def of(cls, generation: VLLMGeneration, processor: Any, share_copies: bool = True) -> VisionVLLMGeneration:
         generation.__class__ = cls
         tokenizer = getattr(processor, "tokenizer", processor)
         generation.generation_kwargs["logit_bias"] = {
@@ -76,7 +141,9 @@ class VisionVLLMGeneration(VLLMGeneration):
             **vision_logit_bias(tokenizer),
         }
         if generation.mode == "colocate" and not isinstance(generation.llm, VisionPromptEngine):
-            generation.llm = VisionPromptEngine(generation.llm, processor.image_token_id, pixel_kwargs(processor))
+            generation.llm = VisionPromptEngine(
+                generation.llm, processor.image_token_id, pixel_kwargs(processor), share_copies
+            )
         return generation
 
     def _place_features(self, features: dict | None, prompt_ids: list[int]) -> dict | None:
