@@ -36,6 +36,7 @@ BENCHMARKS = (
     "step_profile",
     "memory_scaling",
     "families",
+    "vision_once",
 )
 
 
@@ -86,6 +87,11 @@ def summary(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
         ["peak RSS, tiny recipe training", f"{recipe_row['peak_rss_mib']:.0f} MiB", "-"],
         ["peak RSS, evaluator", f"{scaling['evaluator']['peak_rss_mib']:.0f} MiB", "-"],
         ["dataset preparation, tiny recipe / demo recipe", _prep(data), "small next to a run"],
+        [
+            f"step time per-copy / shared vision, frozen tower, G = {results['vision_once']['copies']}",
+            f"{results['vision_once']['step_ratio_frozen']:.2f}x",
+            ">= 1.5x",
+        ],
         *[
             [f"VQA rows: first / second start, {size['rows']} rows (data_scale.py)", _starts(size), "second <= 15 s"]
             for size in results["data_scale"]["sizes"]

@@ -10,9 +10,10 @@ the real model. Vocabulary: the embedded replica's tokenizer.
 
 One GRPO step as TRL runs it with beta = 0 and one iteration: HF generation of G completions per prompt, then the
 policy's forward and backward over prompt and completion with gradient checkpointing, as the recipes train (fixed
-completion tokens, so both paths train on the same sequences). Frozen tower: the recipes' default, where the shared path also reuses the generation's features in the
-training pass; trainable tower: features shared within each forward only. Each variant runs in its own process
-(peak RSS is per process), per-copy and shared interleaved; the ratios are of the medians.
+completion tokens, so both paths train on the same sequences). Frozen tower: the recipes' default, where the shared
+path also reuses the generation's features in the training pass; trainable tower: features shared within each
+forward only. Each variant runs in its own process (peak RSS is per process), per-copy and shared interleaved; the
+ratios are of the medians. The language model's prefill still runs once per copy (issue 34, item 2, not built).
 """
 
 from __future__ import annotations
