@@ -182,7 +182,7 @@ class SharedVisionTower:
                 features[k] = value
                 if self.cache is not None and self.cache.active:
                     self.cache.put(distinct.keys[k], pieces[distinct.first[k]], value)
-        self._count(len(grids), f"{len(missing)} distinct images encoded")
+        self._count(len(grids), len(distinct.first), len(missing))
         return _join([features[k] for k in distinct.inverse])
 
     def _run(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any) -> Any:
@@ -191,7 +191,7 @@ class SharedVisionTower:
         return self.forward(hidden_states, grid_thw, **kwargs)
 
     def _per_copy(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any) -> Any:
-        self._count(grid_thw.shape[0], "each encoded on its own")
+        self._count(grid_thw.shape[0], None, grid_thw.shape[0])
         return self._run(hidden_states, grid_thw, **kwargs)
 
     def _give_up(self, reason: str, hidden_states: torch.Tensor, grid_thw: torch.Tensor, **kwargs: Any) -> Any:
@@ -203,12 +203,15 @@ class SharedVisionTower:
         )
         return self._per_copy(hidden_states, grid_thw, **kwargs)
 
-    def _count(self, slots: int, what: str) -> None:
-        """Count a forward's image slots; the first forward of the run says what it shared (the log line)."""
+    def _count(self, slots: int, distinct: int | None, encoded: int) -> None:
+        """Count a forward's image slots; the run's first forward that shares (or cannot: `distinct` None) says what
+        it did in the log. A forward whose images are all distinct (the shared prefill's) has nothing to report."""
         self.slots += slots
-        if not self.reported:
-            self.reported = True
-            logger.info("vision sharing: %d image slots, %s (%s)", slots, what, self.describe())
+        if self.reported or distinct == slots:
+            return
+        self.reported = True
+        what = "each encoded on its own" if distinct is None else f"{distinct} distinct images, {encoded} encoded here"
+        logger.info("vision sharing: %d image slots, %s (%s)", slots, what, self.describe())
 
     def describe(self) -> str:
         if self.fallback is not None:

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer with what vision-language GRPO needs on top, as small named overrides: vision special tokens
 never sampled, vLLM prompts in the form the engine expects (with the logprob-gap guard), each distinct image encoded
-once (vision_grpo/models/shared_vision.py), the vision tower's own learning rate, and a data order that survives a
-resume across epochs.
+and each distinct prompt prefilled once (vision_grpo/models/shared_vision.py, shared_prefill.py), the vision tower's
+own learning rate, and a data order that survives a resume across epochs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
+from vision_grpo.models.shared_prefill import share_prefill
 from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
 from vision_grpo.training.logprob_guard import LogprobGapGuard
@@ -40,6 +41,8 @@ class VisionGRPOTrainer(GRPOTrainer):
             zero3 = getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
             shared = share_vision_tower(self.model, reuse_across_passes=not zero3)
             self.add_callback(StepScopedFeatures(shared))
+            if not self.use_vllm:  # vLLM gets each prompt once with n = G instead (VisionPromptEngine)
+                share_prefill(self.model)
         if not self.use_vllm:  # vLLM samples with its own logits processing
             already = self.generation_kwargs.get("suppress_tokens") or []
             suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
