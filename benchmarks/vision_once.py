@@ -13,7 +13,8 @@ policy's forward and backward over prompt and completion with gradient checkpoin
 completion tokens, so both paths train on the same sequences). Frozen tower: the recipes' default, where the shared
 path also reuses the generation's features in the training pass; trainable tower: features shared within each
 forward only. Each variant runs in its own process (peak RSS is per process), per-copy and shared interleaved; the
-ratios are of the medians. The language model's prefill still runs once per copy (issue 34, item 2, not built).
+ratios are of the medians. The shared path is the trainer's: the vision tower shared and, in generation, each
+prompt prefilled once (vision_grpo/models/shared_prefill.py).
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def inputs(processor: Any, side: tuple[int, int]) -> dict[str, torch.Tensor]:
 
 def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> dict[str, Any]:
     """One GRPO step in this process: generation, then the policy's forward and backward; times and peak RSS."""
+    from vision_grpo.models.shared_prefill import share_prefill
     from vision_grpo.models.shared_vision import share_vision_tower
     from vision_grpo.models.vision import vision_special_token_ids
 
@@ -106,6 +108,8 @@ def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> 
     model.gradient_checkpointing_enable()  # as the recipes train (`gradient_checkpointing: true`)
     batch = inputs(processor, side)
     shared = share_vision_tower(model)[0] if variant == "shared" else None
+    if variant == "shared":
+        share_prefill(model)  # as the trainer installs both for HF generation
     # Patches the tower's first layer embedded, under either path: what was really encoded, in images.
     patches = []
     model.model.visual.patch_embed.register_forward_pre_hook(lambda _, args: patches.append(args[0].shape[0]))

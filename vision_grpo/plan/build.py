@@ -254,28 +254,24 @@ def build_plan(
     elif not training_args.use_vllm:
         state = generated * mf.linear_state_bytes_per_sequence(shape)
         prompts, completions = (generated * n * mf.kv_cache_bytes_per_token(shape) for n in (prompt, completion))
-        key = "steps_per_generation (fewer sequences per generate call) or use_vllm"
-        plan.parts.append(Part(f"generation cache, prompts ({generated} sequences)", prompts + state, "generate", key))
-        plan.parts.append(Part("generation cache, completions", completions, "decode", key))
-        # The vision tower encodes every distinct image of the call (every image with `share_prompt_copies: false`),
-        # then the language model's prefill runs, G copies of each prompt, with the encoded images (and the pixel
-        # patches) alive
-        language = mf.prefill_bytes_per_sequence(shape, prompt, peft) + images_per_prompt * image_tokens * (
-            mf.image_bytes_per_image_token(shape)
+        key, why = "steps_per_generation", "fewer sequences per generate call (or use_vllm)"
+        plan.parts.append(
+            Part(f"generation cache, prompts ({generated} sequences)", prompts + state, "generate", key, why)
         )
-        language = generated * language + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
+        plan.parts.append(Part("generation cache, completions", completions, "decode", key, why))
+        # HF generation with `share_prompt_copies`: the tower encodes each distinct image once and, without LoRA
+        # dropout, the prefill runs once per distinct prompt, its cache then copied to the G rows
+        # (vision_grpo/models/shared_prefill.py); the float32 pixel patches of every copy (TRL's inputs) stay alive.
+        prefilled = distinct_generated if share and not (peft and model_args.lora_dropout > 0) else generated
         pixels = 3 * shape.temporal_patch * shape.patch**2
-        # Every copy's float32 patches (TRL's inputs) and bf16 cast are alive; the tower's working memory is per
-        # distinct image (its bf16 patch copy is in `vision_prefill_bytes_per_patch`).
-        encode = (
-            images_per_prompt
-            * patches
-            * (
-                generated * mf.FP32 * pixels
-                + (generated - distinct_generated) * mf.BF16 * pixels
-                + distinct_generated * mf.vision_prefill_bytes_per_patch(shape)
-            )
+        copied_pixels = (distinct_generated if prefilled < generated else 0) * mf.FP32 * pixels  # the prefill's rows
+        per_patch = (
+            generated * mf.FP32 * pixels
+            + copied_pixels
+            + (prefilled - distinct_generated) * mf.BF16 * pixels  # bf16 casts of copies the tower skips
+            + distinct_generated * mf.vision_prefill_bytes_per_patch(shape)
         )
+        encode = images_per_prompt * patches * per_patch
         plan.parts.append(
             Part(
                 f"vision tower, encoding the call's images ({distinct_generated} distinct of {generated})",
@@ -284,5 +280,16 @@ def build_plan(
                 "max_pixels",
             )
         )
-        plan.parts.append(Part("generation prefill (language model)", language, "prefill", "steps_per_generation"))
+        image_bytes = images_per_prompt * image_tokens * mf.image_bytes_per_image_token(shape)
+        others = images_per_prompt * patches * ((generated - prefilled) * mf.FP32 * pixels + copied_pixels)
+        language = prefilled * (mf.prefill_bytes_per_sequence(shape, prompt, peft) + image_bytes) + others
+        language += counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
+        plan.parts.append(
+            Part(
+                f"generation prefill (language model, {prefilled} of {generated} sequences)",
+                language,
+                "prefill",
+                "steps_per_generation",
+            )
+        )
     return plan
