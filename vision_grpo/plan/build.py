@@ -14,6 +14,7 @@ import yaml
 
 from vision_grpo.plan import formulas as mf
 from vision_grpo.plan.parts import GiB, Part, Plan
+from vision_grpo.plan.zero import NO_DEEPSPEED, Zero, model_state_parts, zero_of_accelerate_config
 from vision_grpo.recipe.arguments import RecipeError
 
 SHIPPED_CONFIGS = Path(__file__).parent / "model_configs"
@@ -66,6 +67,8 @@ def parameter_counts(config: Any, lora_rank: int, lora_on_vision: bool, targets:
         model = AutoModelForImageTextToText.from_config(config)
     output = model.get_output_embeddings()
     counts = {"total": sum(p.numel() for p in model.parameters()), "vision": 0, "lora": 0}
+    # ZeRO-3 gathers one module's own parameters at a time; DeepSpeed's estimator takes the largest
+    counts["largest"] = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     counts["vision"] = sum(p.numel() for n, p in model.named_parameters() if is_vision_parameter(n))
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is output:
@@ -78,16 +81,15 @@ def parameter_counts(config: Any, lora_rank: int, lora_on_vision: bool, targets:
     return counts
 
 
-def accelerate_layout(path: str | None, num_processes: int | None) -> tuple[int, int]:
-    """(processes, ZeRO stage) from an accelerate config file; `--num_processes` wins over the file."""
-    stage, processes = 0, 1
+def accelerate_layout(path: str | None, num_processes: int | None) -> tuple[int, Zero]:
+    """(processes, DeepSpeed layout) from an accelerate config file; `--num_processes` wins over the file."""
+    zero, processes = Zero(), 1
     if path:
         content = accelerate_config(Path(path))
-        if content.get("distributed_type") == "DEEPSPEED":
-            stage = _config_int(path, "zero_stage", (content.get("deepspeed_config") or {}).get("zero_stage", 0), 0)
+        zero = zero_of_accelerate_config(content, path)
         if content.get("distributed_type") != "NO":
             processes = _config_int(path, "num_processes", content.get("num_processes", 1), 1)
-    return (num_processes or processes), stage
+    return (num_processes or processes), zero
 
 
 def accelerate_config(path: Path) -> dict[str, Any]:
@@ -131,13 +133,13 @@ def build_plan(
     training_args: Any,
     model_args: Any,
     num_processes: int = 1,
-    zero_stage: int = 0,
+    zero: Zero = NO_DEEPSPEED,
     pixels: int | None = None,
     prompt_text_tokens: int = DEFAULT_PROMPT_TEXT_TOKENS,
     images_per_prompt: int = 1,
     generation_batch_set: bool = False,
 ) -> Plan:
-    """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks with a ZeRO stage."""
+    """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks laid out as `zero`."""
     config = model_config(model_args.model_name_or_path)
     if getattr(config, "vision_config", None) is None:
         raise RecipeError(
@@ -151,7 +153,6 @@ def build_plan(
     dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}.get(str(model_args.dtype), 2)
     vision_trains = (peft and task_args.lora_on_vision) or (not peft and task_args.vision_tower != "freeze")
     trainable = counts["lora"] if peft else counts["total"] - (0 if vision_trains else counts["vision"])
-    state_bytes = mf.FP32 if peft else dtype_bytes  # PEFT keeps adapters in float32; full fine-tuning the dtype
 
     pixels, pixels_from = image_pixels(task_args, pixels)
     patches, image_tokens = mf.image_tokens(shape, pixels)
@@ -173,42 +174,15 @@ def build_plan(
         model=model_args.model_name_or_path,
         sizes=f"micro-batch {batch} x ({prompt} prompt [{image_tokens} image tokens at {pixels} px, {pixels_from}; "
         f"{prompt_text_tokens} text, assumed] + {completion} completion) tokens, {generated} sequences generated "
-        f"at once, {num_processes} process(es), ZeRO {zero_stage}",
+        f"at once, {num_processes} process(es), {zero.describe()}",
     )
-    shard = num_processes if zero_stage == 3 else 1
-    plan.parts.append(
-        Part(
-            f"weights ({model_args.dtype}, {counts['total'] / 1e9:.2f} B params)",
-            counts["total"] * dtype_bytes / shard,
-            "both",
-            "accelerate_config: zero3.yaml",
-        )
+    plan.parts.extend(
+        model_state_parts(counts, trainable, str(model_args.dtype), dtype_bytes, peft, num_processes, zero)
     )
-    if peft:
-        plan.parts.append(
-            Part(
-                f"LoRA parameters (r={rank}, float32, {counts['lora'] / 1e6:.1f} M)",
-                counts["lora"] * mf.FP32,
-                "both",
-                "lora_r",
-            )
-        )
-    plan.parts.append(
-        Part(
-            "gradients",
-            trainable * state_bytes / (num_processes if zero_stage >= 2 else 1),
-            "train",
-            "use_peft" if not peft else "lora_r",
-        )
-    )
-    plan.parts.append(
-        Part(
-            "AdamW states",
-            2 * trainable * state_bytes / (num_processes if zero_stage >= 1 else 1),
-            "both",
-            "use_peft" if not peft else "lora_r",
-        )
-    )
+    if zero.stage == 3 and not training_args.use_vllm and training_args.ds3_gather_for_generation:
+        # TRL's `unwrap_model_for_generation` gathers every ZeRO-3 shard for HF generation
+        gathered = counts["total"] * dtype_bytes * (1 - (0 if zero.offload_param else 1) / num_processes)
+        plan.parts.append(Part("weights gathered for generation", gathered, "generation", "ds3_gather_for_generation"))
 
     layers = [mf.text_layer_bytes_per_token(shape, t, rank, i == 0) for i, t in enumerate(shape.layer_types)]
     full = sum(layers) * tokens + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
@@ -233,7 +207,7 @@ def build_plan(
             else shape.vision_depth * block * vision_patches
         )
         plan.parts.append(Part(f"vision tower activations ({vision_patches} patches)", vision, "train", "max_pixels"))
-    elif share and zero_stage != 3 and not training_args.use_vllm:  # the step's features, kept for its later passes
+    elif share and zero.stage != 3 and not training_args.use_vllm:  # the step's features, kept for its later passes
         kept = distinct_generated * images_per_prompt * image_tokens * mf.cached_bytes_per_image_token(shape)
         plan.parts.append(
             Part(f"vision features kept for the step ({distinct_generated} prompts)", kept, "both", "max_pixels")

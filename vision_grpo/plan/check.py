@@ -15,6 +15,7 @@ import yaml
 
 from vision_grpo.plan.build import DEFAULT_PROMPT_TEXT_TOKENS, accelerate_layout, build_plan
 from vision_grpo.plan.parts import GiB, Plan
+from vision_grpo.plan.zero import launched_zero
 from vision_grpo.recipe.arguments import RecipeError
 from vision_grpo.recipe.bounds import bounded_int
 
@@ -39,14 +40,14 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
     task_args, training_args, model_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig), [*rest, "--use_cpu", "true"]
     )
-    processes, stage = accelerate_layout(flags.accelerate_config, flags.num_processes)
+    processes, zero = accelerate_layout(flags.accelerate_config, flags.num_processes)
     recipe = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text()) if "--config" in rest else {}
     plan = build_plan(
         task_args,
         training_args,
         model_args,
         processes,
-        stage,
+        zero,
         flags.image_pixels,
         flags.prompt_text_tokens,
         flags.images_per_prompt,
@@ -56,12 +57,13 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
 
 
 def check_before_training(task_args: Any, training_args: Any, model_args: Any) -> Plan | None:
-    """Log the plan (main process) and refuse a run whose plan exceeds this GPU, before the model loads."""
+    """Log the plan (main process) and refuse a run whose plan exceeds this GPU, before the model loads; the
+    DeepSpeed layout is the one this process was launched with (`launched_zero`)."""
     from accelerate import PartialState
 
     state = PartialState()
     try:
-        plan = build_plan(task_args, training_args, model_args, state.num_processes)
+        plan = build_plan(task_args, training_args, model_args, state.num_processes, launched_zero(training_args))
     except (KeyError, AttributeError, ValueError) as error:  # a model family the formulas do not cover
         logger.warning("no memory plan for %s: %s", model_args.model_name_or_path, error)
         return None

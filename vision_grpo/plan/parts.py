@@ -14,7 +14,7 @@ CARDS_GIB = (24, 48, 80, 141)
 
 # HF generate's phases, one after the other: the vision tower encodes every image of the call, the prefill runs the
 # prompts (their cache built), the decoding grows the cache by the completions. "generate" parts last through the
-# prefill and the decoding.
+# prefill and the decoding; "generation" parts last through all three.
 GENERATION = ("encode", "prefill", "decode")
 
 
@@ -25,7 +25,7 @@ PHASES = ("train", *GENERATION)
 class Part:
     name: str
     bytes: float
-    phase: str  # "both", "train" (forward + backward of one micro-batch), or a generation phase (GENERATION)
+    phase: str  # "both", "train" (forward + backward of one micro-batch), a GENERATION phase, or "generation"
     key: str  # the recipe key that changes it first
     note: str = ""
 
@@ -38,7 +38,11 @@ class Plan:
     vllm_share: float = 0.0  # vllm_gpu_memory_utilization of colocated vLLM: a share of whatever card it runs on
 
     def in_phase(self, part: Part, phase: str) -> bool:
-        return part.phase in ("both", phase) or (part.phase == "generate" and phase in ("prefill", "decode"))
+        return (
+            part.phase in ("both", phase)
+            or (part.phase == "generate" and phase in ("prefill", "decode"))
+            or (part.phase == "generation" and phase in GENERATION)
+        )
 
     def phase_total(self, phase: str) -> float:
         return sum(p.bytes for p in self.parts if self.in_phase(p, phase))
@@ -67,7 +71,9 @@ class Plan:
         out = [f"memory plan for {self.model} ({self.sizes}), per GPU rank:"]
         for p in self.parts:
             out.append(f"  {p.name:<44} {p.bytes / GiB:7.2f} GiB  [{p.phase}]  {p.note}".rstrip())
-        phases = [p for p in PHASES if any(part.phase in (p, "generate") for part in self.parts) or p == "train"]
+        phases = [
+            p for p in PHASES if any(part.phase in (p, "generate", "generation") for part in self.parts) or p == "train"
+        ]
         totals = ", ".join(f"{p} {self.phase_total(p) / GiB:.2f}" for p in phases)
         out.append(f"  {f'peak ({self.peak_phase()} phase)':<44} {self.total() / GiB:7.2f} GiB  phases: {totals} GiB")
         if self.vllm_share:
