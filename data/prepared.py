@@ -5,8 +5,10 @@ A task maps a function over its source that checks each row (the image decodes a
 no special token, the answer reads as its type, ...) and returns the row's small columns (id, prompt, answer, ...)
 plus `ERROR` (None, or what is wrong). Nothing decoded is kept: the pass writes a small Arrow file, keyed by the
 source's `datasets` fingerprint, the recipe keys that decide the rows and the code that builds them, under
-`<datasets cache>/vision_grpo_rows/`. A second start with the same keys reads that file instead of checking again;
-under `accelerate launch` the first process of each node does the pass while the others wait, then read it.
+`<datasets cache>/vision_grpo_rows/`, and seals it (`<key>.arrow.seal.json`: size, sha256, key, rows). A second
+start with the same keys checks the seal (a few ms for 20k rows) and reads that file instead of checking again; a
+file cut short, bit-flipped, another key's or unsealed is named in a warning and rebuilt. Under `accelerate launch`
+the first process of each node does the pass while the others wait, then read it.
 
 The images stay in the source (encoded bytes in its Arrow cache, or files in an image folder); `decode_on_access`
 sets a `datasets` transform that opens and normalises them when a row is read, in the data loader's workers.
@@ -30,6 +32,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
+
+from vision_grpo.storage.seals import seal, seal_fault, seal_path
+from vision_grpo.storage.writes import FULL_DISK_ERRNOS, DiskFull, file_sha256, full_disk_message
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ def files_digest(paths: list[Path]) -> str:
         if memo.is_file():
             content = memo.read_text()
         else:
-            content = _sha256_file(path)
+            content = file_sha256(path)
             memo_dir.mkdir(parents=True, exist_ok=True)
             temporary = memo.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(content)
@@ -126,14 +131,6 @@ def _converted(names: list[str]) -> bool:
     return (Path(builder.cache_dir) / datasets.config.DATASET_INFO_FILENAME).is_file()
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def _one_process_per_node() -> Iterator[str]:
     """Under a launcher (WORLD_SIZE > 1) the local main process runs the body first, the others after it (they find
@@ -171,19 +168,22 @@ def checked_rows(
     cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
     cache.parent.mkdir(parents=True, exist_ok=True)
     with _one_process_per_node() as who:
-        cached = cache.is_file()
+        cached = _trusted(cache, key, len(source))
         started = time.perf_counter()
-        checked = source.map(
-            _ReleasingPages(check, source),
-            with_indices=True,
-            fn_kwargs=deciding,
-            remove_columns=source.column_names,
-            features=features,
-            cache_file_name=str(cache),
-            load_from_cache_file=True,
-            new_fingerprint=key,
-            desc=f"checking {what} rows",
-        )
+        with _full_disk_estimated(cache, source, check, deciding, features):
+            checked = source.map(
+                _ReleasingPages(check, source),
+                with_indices=True,
+                fn_kwargs=deciding,
+                remove_columns=source.column_names,
+                features=features,
+                cache_file_name=str(cache),
+                load_from_cache_file=True,
+                new_fingerprint=key,
+                desc=f"checking {what} rows",
+            )
+            if not cached:
+                seal(cache, key=key, rows=len(source))
         seconds = time.perf_counter() - started
     if cached:
         logger.info("%s: %d checked rows read from the cache %s (%s)", what, len(checked), cache, who)
@@ -202,6 +202,56 @@ def checked_rows(
     if bad:
         checked = checked.select(pc.indices_nonzero(pc.is_null(errors)))
     return checked.remove_columns(ERROR), bad
+
+
+def _trusted(cache: Path, key: str, rows: int) -> bool:
+    """Whether the rows cache `cache` is there and as its seal says it was written (size, sha256, key, row count):
+    one read of the file, about 1 s per GB. A damaged one (cut short, bit-flipped, another key's, or without its
+    seal) is removed with a warning naming it and the fault, so the pass writes it again: never fewer rows, nor
+    other rows, in silence."""
+    if not cache.exists() and not seal_path(cache).exists():
+        return False
+    fault = seal_fault(cache, key=key, rows=rows)
+    if fault is None:
+        return True
+    logger.warning("the rows cache %s cannot be used (%s): checking the rows again to rebuild it", cache, fault)
+    cache.unlink(missing_ok=True)
+    seal_path(cache).unlink(missing_ok=True)
+    return False
+
+
+# Rows the pass checks in memory to estimate the size of a rows cache that found the disk full.
+SIZE_SAMPLE = 64
+
+
+@contextlib.contextmanager
+def _full_disk_estimated(
+    cache: Path,
+    source: datasets.Dataset,
+    check: Callable[..., dict[str, Any]],
+    deciding: dict[str, Any],
+    features: datasets.Features,
+) -> Iterator[None]:
+    """A full disk while the pass writes `cache` becomes `DiskFull` naming it and the cache's size, estimated from
+    the first `SIZE_SAMPLE` rows checked in memory. `datasets` leaves its half-written temporary file (`tmp…`) on
+    the full disk: the ones that appeared during the pass are removed."""
+    before = set(cache.parent.glob("tmp*"))
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in FULL_DISK_ERRNOS:
+            raise
+        for leftover in set(cache.parent.glob("tmp*")) - before:
+            leftover.unlink(missing_ok=True)
+        if isinstance(error, DiskFull):  # the seal's own write, already named
+            raise
+        sample = source.select(range(min(SIZE_SAMPLE, len(source))))
+        sampled = sample.map(
+            check, with_indices=True, fn_kwargs=deciding, remove_columns=source.column_names, features=features,
+            keep_in_memory=True, desc="estimating the rows cache's size",
+        )  # fmt: skip
+        needed = sampled.data.nbytes * len(source) // len(sample)
+        raise DiskFull(error.errno, full_disk_message(cache, needed)) from error
 
 
 class _ReleasingPages:

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from vision_grpo.run.manifest import dataset_identity, package_versions
 from vision_grpo.run.outputs import check_outputs_are_not_inputs
 from vision_grpo.run.ranks import from_main_process
 from vision_grpo.run.threads import configure_threads
+from vision_grpo.storage.writes import append_bytes
 
 logger = logging.getLogger("vision_grpo.evaluate")
 TIMING_KEYS = ("samples_per_s", "total_seconds")
@@ -105,9 +106,8 @@ def run_evaluation(
         todo = by_prompt_length(evaluator, dataset, todo, eval_args.batch_size)
     batches = chunks(todo, eval_args.batch_size)
     world, rank = state.num_processes, state.process_index
-    sink = partial.open("a", encoding="utf-8") if state.is_main_process else nullcontext()
     bar = tqdm(total=len(ids), initial=len(done), desc="eval", disable=not state.is_main_process)
-    with sink, bar:
+    with bar:
         for first in range(0, len(batches), world):
             mine = batches[first + rank] if first + rank < len(batches) else []
             rows, images = read_batch(dataset, mine, eval_args.image_control)
@@ -117,10 +117,9 @@ def run_evaluation(
                 records = gather_object(records)
             for record in records:
                 done[record["id"]] = record
-                if state.is_main_process:
-                    sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-            if state.is_main_process:
-                sink.flush()
+            if state.is_main_process:  # one write a round: a full disk keeps every earlier round's records whole
+                lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+                append_bytes(partial, lines.encode("utf-8"))
             bar.update(len(records))
     seconds = time.perf_counter() - start
     # Records go through JSON first, so a resumed run's records and a fresh run's are the same values.

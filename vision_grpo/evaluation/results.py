@@ -18,9 +18,10 @@ from trl import ModelConfig
 from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.recipe.parse import recipe_path_of
-from vision_grpo.run.files import content_digest, hold_lock, write_text_atomic
+from vision_grpo.run.files import content_digest, hold_lock
 from vision_grpo.run.manifest import model_identity
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
+from vision_grpo.storage.writes import write_text_atomic
 
 logger = logging.getLogger("vision_grpo.evaluate")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from vision_grpo.run.files import file_sha256, write_text_atomic
 from vision_grpo.run.manifest import read_manifest
+from vision_grpo.storage.writes import file_sha256, write_text_atomic
 
 CHECKSUMS = "checksums.json"
 

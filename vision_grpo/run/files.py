@@ -1,5 +1,5 @@
-"""Durable writes and what identifies a file by content: every file a run or an evaluation writes goes through an
-atomic write (a temporary name, then a rename), weights are identified by sha256 (remembered per file stamp), and a
+"""What identifies a file by content and who holds a folder: every file a run or an evaluation writes goes through
+an atomic write (vision_grpo/storage/writes.py), weights are identified by sha256 (remembered per file stamp), and a
 folder or output is held by a lock file while a process works in it.
 """
 
@@ -8,27 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` through a temporary file and rename: the final name never holds a partial file.
-
-    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file.
-    """
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    try:
-        with tmp.open("x", encoding="utf-8") as sink:  # the process's umask applies, as for any file it writes
-            sink.write(text)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+from vision_grpo.storage.writes import write_text_atomic
 
 
 def permissions_as_created(folder: Path) -> None:
@@ -60,15 +46,6 @@ def content_digest(files: list[Path]) -> str:
                 digest.update(chunk)
     if key == json.dumps([[str(p.resolve()), *_file_stamp(p)] for p in sorted(files, key=lambda p: p.name)]):
         _remember_digest(key, digest.hexdigest())  # only if no file changed while it was read
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of one file's bytes."""
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(1 << 24):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -1,0 +1,127 @@
+"""A full disk (issue 37, item 2), simulated by a write wrapper that raises ENOSPC once a budget of bytes is spent:
+each write of ours ends in `DiskFull` naming the path and about how much the write needed, keeps what was finished,
+and the same command continues once space is freed."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pytest
+from datasets.arrow_writer import ArrowWriter
+from test_damaged_caches import rows_of
+from test_data_cache import recipe, write_source
+from test_evaluate import SHAPES_RECIPE
+
+from vision_grpo.data.prepared import ROWS_CACHE
+from vision_grpo.evaluation import evaluate
+from vision_grpo.evaluation.results import partial_entries, partial_path
+from vision_grpo.storage.writes import DiskFull, append_bytes, write_text_atomic
+
+
+class FullAfter:
+    """A file whose writes raise ENOSPC once `budget` bytes have been written (what a full device does)."""
+
+    def __init__(self, inner: Any, budget: int) -> None:
+        self.inner, self.budget = inner, budget
+
+    def write(self, data: Any) -> int:
+        """As a buffered file on a full device: what fits is written, then ENOSPC."""
+        if len(data) > self.budget:
+            self.inner.write(bytes(data[: self.budget]))
+            self.budget = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.budget -= len(data)
+        return self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> FullAfter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+
+def test_a_full_disk_while_the_rows_cache_is_written_names_it_and_the_rerun_builds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = write_source(tmp_path / "data", [str(i % 9) for i in range(300)])
+    real = ArrowWriter.__init__
+
+    def full(self: ArrowWriter, *args: Any, **kwargs: Any) -> None:  # the writer of the pass's file
+        real(self, *args, **kwargs)
+        if ROWS_CACHE in str(kwargs.get("path")):  # not the source's own Arrow cache, which `datasets` writes first
+            self.stream = FullAfter(self.stream, budget=2000)
+
+    monkeypatch.setattr(ArrowWriter, "__init__", full)
+    with pytest.raises(DiskFull) as failed:
+        rows_of(recipe(folder))
+    rows = tmp_path / "cache" / ROWS_CACHE
+    message = str(failed.value)
+    assert f"no space left on the device to write {rows}/" in message and ".arrow: the write needed about " in message
+    assert "kB" in message and "free some space and run the same command again" in message
+    assert not list(rows.glob("*.arrow")) and not list(rows.glob("tmp*"))  # nothing half-written left to read
+    monkeypatch.setattr(ArrowWriter, "__init__", real)  # space freed
+    assert len(rows_of(recipe(folder))) == 300
+
+
+def test_an_atomic_write_on_a_full_disk_keeps_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "result.json"
+    path.write_text("previous")
+    real_open = Path.open
+
+    def full_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(self, *args, **kwargs)
+        return FullAfter(handle, budget=10) if self.name.endswith(".tmp") else handle
+
+    monkeypatch.setattr(Path, "open", full_open)
+    with pytest.raises(DiskFull, match=r"to write .*result.json: the write needed about 5.0 kB and .* is free there"):
+        write_text_atomic(path, "x" * 5000)
+    assert path.read_text() == "previous" and list(tmp_path.iterdir()) == [path]
+
+
+def test_an_append_on_a_full_disk_keeps_the_lines_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "eval.json.partial.jsonl"
+    append_bytes(path, b'{"metadata": {}}\n{"id": "a"}\n')
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: FullAfter(real_open(self, *a, **k), budget=5))
+    with pytest.raises(DiskFull, match=r"partial.jsonl: the write needed about 12 bytes"):
+        append_bytes(path, b'{"id": "b"}\n')
+    monkeypatch.undo()
+    assert path.read_bytes() == b'{"metadata": {}}\n{"id": "a"}\n{"id"'  # the cut line is the reader's to drop:
+    assert partial_entries(path) == [{"metadata": {}}, {"id": "a"}]
+
+
+def test_an_evaluation_on_a_full_disk_keeps_its_records_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["--config", SHAPES_RECIPE, "--limit", "4", "--batch_size", "2", "--max_new_tokens", "4"]
+    whole = tmp_path / "whole.json"
+    evaluate.main([*args, "--output", str(whole)])
+    output = tmp_path / "eval.json"
+    partial = partial_path(output)
+    real_open, appends = Path.open, []
+
+    def second_append_full(self: Path, mode: str = "r", *rest: Any, **kwargs: Any) -> Any:
+        handle = real_open(self, mode, *rest, **kwargs)
+        if self == partial and mode == "ab":
+            appends.append(self)
+            return FullAfter(handle, budget=0) if len(appends) == 2 else handle
+        return handle
+
+    with monkeypatch.context() as patch, pytest.raises(DiskFull) as failed:
+        patch.setattr(Path, "open", second_append_full)
+        evaluate.main([*args, "--output", str(output)])
+    assert f"to write {partial}: the write needed about " in str(failed.value)
+    assert len(partial_entries(partial)) == 1 + 2  # the header and the first round's two records, whole
+    evaluate.main([*args, "--output", str(output), "--resume"])  # space freed: the same command, resumed
+    records = json.loads(output.read_text())["records"]
+    assert records == json.loads(whole.read_text())["records"]

@@ -1,0 +1,105 @@
+"""Atomic writes and a full disk named: every file the project writes itself goes through `write_text_atomic` or
+`naming_a_full_disk`, so that ENOSPC (or a full quota) ends in one message naming the path, the space the write
+needed and what is free there, instead of a raw errno or a library's own words for it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# A write that found no room: the device is full, or the user's quota is.
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(OSError):
+    """A write that failed for lack of space, naming the path, the space it needed and what is free there."""
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the filesystem that holds `path` (or its nearest existing parent); None if unknown."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def sized(count: int | None) -> str:
+    """A byte count for a message: `512 bytes`, `3.4 MB`, `12.0 GB`."""
+    if count is None:
+        return "an unknown amount"
+    if count < 1000:
+        return f"{count} bytes"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"  # unreachable: kB covers the rest
+
+
+def full_disk_message(path: Path, needed: int | None) -> str:
+    """What a user sees when a write of about `needed` bytes to `path` found the disk full."""
+    return (
+        f"no space left on the device to write {path}: the write needed about {sized(needed)} and "
+        f"{sized(free_bytes(path))} is free there; free some space and run the same command again (finished work "
+        "is kept)"
+    )
+
+
+@contextmanager
+def naming_a_full_disk(path: Path, needed: int | None) -> Iterator[None]:
+    """Turn a full disk (ENOSPC, EDQUOT) met in the block into `DiskFull` naming `path` and `needed` bytes; every
+    other error passes unchanged."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except OSError as error:
+        if error.errno not in FULL_DISK_ERRNOS:
+            raise
+        raise DiskFull(error.errno, full_disk_message(path, needed)) from error
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file and rename: the final name never holds a partial file, and a full disk
+    leaves the previous file as it was and says so (`DiskFull`).
+
+    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file.
+    """
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    data = text.encode("utf-8")
+    try:
+        with naming_a_full_disk(path, len(data)), tmp.open("xb") as sink:  # the umask applies, as for any file
+            sink.write(data)
+            sink.flush()
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    """Append `data` to `path` in one unbuffered write: on a full disk what is already in the file stays whole (a
+    line cut short at the end is the reader's to drop) and the error is `DiskFull`, raised here, never again at
+    close."""
+    with naming_a_full_disk(path, len(data)), path.open("ab", buffering=0) as sink:
+        view = memoryview(data)
+        while view:
+            view = view[sink.write(view) :]
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file's bytes, read in 16 MB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
