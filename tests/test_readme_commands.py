@@ -24,6 +24,7 @@ from transformers import TrainingArguments
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.plan.check import recipe_plan
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 
@@ -100,6 +101,9 @@ def check_python(args: list[str]) -> None:
         module, rest, target = None, args[1:], [args[0]]
     if module is None and args[0] in RECIPE_SCRIPTS:
         parse_recipe(RECIPE_SCRIPTS[args[0]], [*rest, *CPU_OVERRIDES])
+        return
+    if module == "vision_grpo.plan":  # its own flags, then any recipe key: parsed (and planned) as the CLI does
+        recipe_plan(rest)
         return
     if args[0] == "recipes/sweep.py":
         sweep = runpy.run_path(str(REPO / "recipes" / "sweep.py"))
