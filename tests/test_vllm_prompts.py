@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
+import torch
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 from trl.generation.vllm_generation import VLLMGeneration
@@ -202,11 +203,11 @@ def test_a_server_with_other_pixel_limits_is_refused(rendered, processor) -> Non
         generation._place_features(other, expanded)
 
 
-def _started(guard: LogprobGapGuard, **sampling: float) -> LogprobGapGuard:
+def _started(guard: LogprobGapGuard, model: torch.nn.Module | None = None, **sampling: float) -> LogprobGapGuard:
     """The guard after train start with TRL's sampling defaults (no truncation) or `sampling`'s."""
     settings = {"top_p": 1.0, "top_k": 0, "min_p": None, **sampling}
     args = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True, **settings)
-    guard.on_train_begin(args, SimpleNamespace(global_step=0), None)
+    guard.on_train_begin(args, SimpleNamespace(global_step=0), None, model=model)
     return guard
 
 
@@ -215,7 +216,7 @@ def _log(guard: LogprobGapGuard, step: int, gap: float) -> None:
 
 
 def test_the_guard_stops_a_wide_gap_on_the_first_steps_naming_the_causes() -> None:
-    guard = _started(LogprobGapGuard(threshold=0.05, steps=3))
+    guard = _started(LogprobGapGuard(threshold=0.05, action="stop", steps=3))
     _log(guard, 1, 0.01)
     with pytest.raises(LogprobGapError) as error:
         _log(guard, 2, 0.10)
@@ -224,12 +225,85 @@ def test_the_guard_stops_a_wide_gap_on_the_first_steps_naming_the_causes() -> No
 
 
 def test_the_guard_lets_later_steps_drift_but_always_checks_the_first_gap() -> None:
-    guard = _started(LogprobGapGuard(threshold=0.05, steps=3))
+    guard = _started(LogprobGapGuard(threshold=0.05, action="stop", steps=3))
     _log(guard, 1, 0.01)
     _log(guard, 10, 0.5)  # the policy moved: not checked
     assert guard.gaps == [(1, 0.01), (10, 0.5)]
     with pytest.raises(LogprobGapError):
         _log(_started(LogprobGapGuard(threshold=0.05, steps=3)), 20, 0.5)  # first logged gap, late (logging_steps 20)
+
+
+class _Adapter(torch.nn.Module):
+    """A model whose only parameter is named as PEFT names a LoRA B matrix."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__()
+        self.lora_B = torch.nn.Parameter(torch.tensor(values))
+
+
+def test_auto_stops_the_first_gap_over_the_threshold_as_the_trl_prompt_form_gives() -> None:
+    """A fresh adapter (B = 0): the engine's first weights are the trainer's, so the replica's broken prompt form
+    (0.098 through the CPU vLLM build, tests_vllm) stops the run at step 1 under the default action."""
+    for model in (None, _Adapter([0.0, 0.0])):
+        guard = _started(LogprobGapGuard(), model=model)
+        assert guard.action == "auto"
+        with pytest.raises(LogprobGapError, match="step 1: .* 0.0980"):
+            _log(guard, 1, 0.098)
+
+
+def test_auto_warns_while_rounding_can_explain_the_gap_and_logs_the_runs_baseline(caplog) -> None:
+    """After the first step the merged bf16 weights and the float32 adapters may part: a healthy run whose gaps
+    cross 0.08 on steps 2-5 only warns, then the guard logs the run's baseline."""
+    guard = _started(LogprobGapGuard(steps=5))
+    with caplog.at_level("INFO", logger="vision_grpo.training.logprob_guard"):
+        for step, gap in enumerate([0.03, 0.09, 0.12, 0.10, 0.085, 0.5], start=1):
+            _log(guard, step, gap)  # step 6 is past the checked steps
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [r.getMessage().split(":")[0] for r in warnings] == ["step 2", "step 3", "step 4", "step 5"]
+    assert "only a gap over 0.24 stops" in warnings[0].getMessage()
+    assert "baseline of this run: median 0.0900, max 0.1200 over its first 5 logged steps" in caplog.text
+
+
+def test_auto_warns_on_a_first_gap_logged_after_step_one(caplog) -> None:
+    """`logging_steps` 20: the first logged gap averages steps the adapters had moved in, so it only warns."""
+    with caplog.at_level("WARNING", logger="vision_grpo.training.logprob_guard"):
+        _log(_started(LogprobGapGuard()), 20, 0.12)
+    assert "step 20:" in caplog.text
+
+
+def test_auto_still_stops_a_gap_far_over_any_healthy_one_after_the_first_step() -> None:
+    guard = _started(LogprobGapGuard(steps=5))
+    _log(guard, 1, 0.03)
+    _log(guard, 2, 0.2)  # over 0.08, under 3 x 0.08: a warning
+    with pytest.raises(LogprobGapError, match="step 3"):
+        _log(guard, 3, 0.25)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [_Adapter([0.0, 0.01]), _Adapter([])],  # a warm-started adapter; one ZeRO-3 sharded away (unreadable)
+    ids=["warm-started", "zero3-sharded"],
+)
+def test_auto_warns_on_the_first_gap_of_a_warm_started_adapter(model, caplog) -> None:
+    guard = _started(LogprobGapGuard(), model=model)
+    assert not guard.same_weights_at_start
+    with caplog.at_level("WARNING", logger="vision_grpo.training.logprob_guard"):
+        _log(guard, 1, 0.12)
+    assert "step 1:" in caplog.text
+    with pytest.raises(LogprobGapError):
+        _log(guard, 2, 0.3)
+
+
+def test_explicit_actions_keep_their_meaning(caplog) -> None:
+    """`stop`: any checked step over the threshold stops, a warm start too; `warn`: nothing stops."""
+    stop = _started(LogprobGapGuard(action="stop"), model=_Adapter([0.5]))
+    _log(stop, 1, 0.03)
+    with pytest.raises(LogprobGapError):
+        _log(stop, 2, 0.09)
+    warn = _started(LogprobGapGuard(action="warn"))
+    with caplog.at_level("WARNING", logger="vision_grpo.training.logprob_guard"):
+        _log(warn, 1, 5.0)
+    assert "step 1:" in caplog.text and "only a gap over" not in caplog.text
 
 
 @pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 20}, {"min_p": 0.05}])
@@ -253,7 +327,7 @@ def test_the_guard_follows_its_recipe_keys(caplog) -> None:
         _log(guard, 2, 0.3)  # over it, with `warn`: a warning, training goes on
     assert "logprob_gap_threshold 0.2" in caplog.text
     default = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", "recipes/shapes/tiny_cpu.yaml"])[0]
-    assert LogprobGapGuard.from_recipe(default).action == "stop"
+    assert LogprobGapGuard.from_recipe(default).action == "auto"
     with pytest.raises(RecipeError, match="logprob_gap_action"):
         parse_recipe(
             (TaskArguments, GRPOConfig, ModelConfig),

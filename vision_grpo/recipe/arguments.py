@@ -93,7 +93,11 @@ class BaseTaskArguments:
         metadata={"help": "vLLM only: mean sampler/trainer logprob gap (nats) the first steps allow."},
     )
     logprob_gap_action: str = field(
-        default="stop", metadata={"help": "vLLM only: `stop` training or `warn` when the gap exceeds the threshold."}
+        default="auto",
+        metadata={
+            "help": "vLLM only: over the threshold, `stop` training, `warn`, or `auto`: stop on the first step "
+            "(same weights in trainer and engine), later warn unless far over it."
+        },
     )
     # Memory plan (vision_grpo/plan/), printed at the start of every run.
     memory_plan_check: bool = field(
@@ -123,8 +127,11 @@ class BaseTaskArguments:
             raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
-        if not self.logprob_gap_threshold > 0 or self.logprob_gap_action not in ("stop", "warn"):
-            raise RecipeError("logprob_gap_threshold must be positive and logprob_gap_action `stop` or `warn`")
+        if not self.logprob_gap_threshold > 0 or self.logprob_gap_action not in ("auto", "stop", "warn"):
+            raise RecipeError(
+                f"logprob_gap_threshold must be positive and logprob_gap_action `auto`, `stop` or `warn`; got "
+                f"{self.logprob_gap_threshold!r} and {self.logprob_gap_action!r}"
+            )
         try:
             task = task_of(self)
             if task.check is not None:
