@@ -136,3 +136,49 @@ def test_a_seal_names_each_fault(tmp_path: Path) -> None:
     assert seal_fault(folder, model="m") == f"{folder}: model.safetensors is missing"
     seal_path(folder).write_text("{")
     assert seal_fault(folder, model="m") == f"its seal {seal_path(folder)} is unreadable or damaged"
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x10  # inside the last tensor: another weight, a valid file
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (_cut, "model.safetensors holds"),
+        (_flip, "model.safetensors is corrupted"),
+        (Path.unlink, "model.safetensors is missing"),
+        (lambda weights: seal_path(weights.parent).unlink(), "has no seal"),
+    ],
+)
+def test_a_damaged_embedded_replica_is_named_and_rebuilt(
+    damage: Callable[[Path], None],
+    named: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from safetensors.torch import load_file
+
+    from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
+
+    monkeypatch.setenv("VISION_GRPO_CACHE", str(tmp_path))
+    target = Path(resolve_model_path(TINY_MODEL))
+    weights = target / "model.safetensors"
+    before = {name: tensor.clone() for name, tensor in load_file(weights).items()}  # not the file's mapped pages
+    damage(weights)
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.models.embedded"):
+        assert resolve_model_path(TINY_MODEL) == str(target)
+    assert f"the embedded model {target} cannot be used" in caplog.text and named in caplog.text
+    after = load_file(weights)
+    assert after.keys() == before.keys() and all((after[k] == before[k]).all() for k in before)
+    assert seal_fault(target, model=TINY_MODEL) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [target.name, target.name + ".lock", seal_path(target).name]
+    )  # no staging folder left

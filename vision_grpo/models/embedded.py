@@ -2,8 +2,8 @@
 folder `from_pretrained` reads.
 
 `resolve_model_path` builds an embedded replica into the cache on first use (it is never downloaded; the builders are
-in vision_grpo/models/replicas/) and passes anything else through unchanged, so the tiny model and
-`Qwen/Qwen2.5-VL-3B-Instruct` load with the same calls.
+in vision_grpo/models/replicas/), seals it, and rebuilds one whose seal no longer matches; it passes anything else
+through unchanged, so the tiny model and `Qwen/Qwen2.5-VL-3B-Instruct` load with the same calls.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from filelock import FileLock
 
 from vision_grpo.models.replicas import build
+from vision_grpo.storage.seals import seal, seal_fault, seal_path
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +46,13 @@ def resolve_model_path(name: str) -> str:
         target = cache_dir() / f"{name.replace('/', '--')}--{_builder_version()}"
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
-            if not (target / "config.json").exists():
-                logger.info("building the embedded model %s in %s", name, target)
-                _build_embedded(name, target)
+            fault = seal_fault(target, model=name)
+            if fault is not None:
+                if target.exists() or seal_path(target).exists():
+                    logger.warning("the embedded model %s cannot be used (%s): building it again", target, fault)
+                else:
+                    logger.info("building the embedded model %s in %s", name, target)
+                _build_sealed(name, target)
         return str(target)
     path = Path(name)
     if name.startswith((".", "/", "~")) and not path.expanduser().exists():
@@ -72,6 +78,21 @@ def _builder_version() -> str:
     sources = sorted(Path(build.__file__).parent.glob("*.py"))
     source = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in sources)
     return hashlib.sha256(source + transformers.__version__.encode()).hexdigest()[:10]
+
+
+def _build_sealed(name: str, target: Path) -> None:
+    """Build `name` into a staging folder beside `target`, move it into place and seal it (each file's size and
+    sha256, `<target>.seal.json`): a build cut off leaves no `target`, and a replica damaged later (a weights file
+    cut short or bit-flipped, a file deleted) fails its seal at the next start instead of reaching safetensors. The
+    check reads the replica once a start (2.5 MB at most)."""
+    staging = target.with_name(f"{target.name}.{os.getpid()}.building")
+    for stale in (staging, target):
+        if stale.exists():
+            shutil.rmtree(stale)  # ours: a folder of the cache named by the builder's version
+    seal_path(target).unlink(missing_ok=True)
+    _build_embedded(name, staging)
+    staging.rename(target)
+    seal(target, model=name)
 
 
 def _build_embedded(name: str, target: Path) -> None:
