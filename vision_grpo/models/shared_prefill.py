@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from vision_grpo.models.shared_vision import distinct_images
+
 logger = logging.getLogger(__name__)
 
 # Cache layers whose whole state is rows of tensors in these attributes (transformers' cache_utils).
@@ -73,21 +75,18 @@ class Runs:
 
 
 def copy_runs(inputs: dict[str, Any]) -> tuple[Runs, list[list[int]]]:
-    """The runs of rows with the same ids, mask and images (bit for bit), and each row's image indices."""
+    """The runs of rows with the same ids, mask and images (bit for bit, as `distinct_images` decides), and each
+    row's image indices."""
     layout = _images_per_row(inputs)
-    grid, pixels = inputs.get("image_grid_thw"), inputs.get("pixel_values")
-    pieces = pixels.split(grid.prod(-1).tolist()) if grid is not None else []
+    grid = inputs.get("image_grid_thw")
+    image = distinct_images(inputs["pixel_values"], grid).inverse if grid is not None else []
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
 
     def same(a: int, b: int) -> bool:
         return (
             torch.equal(ids[a], ids[b])
             and torch.equal(mask[a], mask[b])
-            and len(layout[a]) == len(layout[b])
-            and all(
-                torch.equal(grid[i], grid[j]) and torch.equal(pieces[i], pieces[j])
-                for i, j in zip(layout[a], layout[b], strict=True)
-            )
+            and [image[i] for i in layout[a]] == [image[i] for i in layout[b]]
         )
 
     first, rows = [], []
