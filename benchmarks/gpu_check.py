@@ -12,7 +12,9 @@ figures do not mix:
 1. `eval/evaluate.py` with the model's GeoQA recipe on the fixed 100-question subset of the GeoQA-schema fixture,
    `--max_new_tokens` 1,024 (the seed's), batched: samples/s (the seed's service measured 2.20), peak GPU memory.
 2. `recipes/train.py` with the seed's recipe (`recipes/geoqa/qwen3_5_4b_lora.yaml`: 8 questions x 8 completions of
-   up to 1,024 tokens, LoRA r32, gradient checkpointing) for one step: s/step (TRL's `step_time`), peak GPU memory.
+   up to 1,024 tokens, LoRA r32, gradient checkpointing) for one step: s/step (TRL's `step_time`), peak GPU memory;
+   then the same step with `--share_prompt_copies false` (every copy encoded and prefilled): the ratios of the two
+   are what sharing the copies gives on a GPU (benchmarks/vision_once.py measures it on a CPU).
 A random-weight model never stops before the length limit: every completion is full length, the worst case.
 
 The GPU machine has CUDA torch, accelerate and an older transformers, but no trl or datasets and no registry. Where
@@ -261,16 +263,21 @@ def main() -> None:
         evaluation.update(batch=args.eval_batch, items=args.eval_items, tokens=args.max_new_tokens)
         figures[name]["eval"] = in_child("eval", evaluation, timeout=1800)
         if name == "qwen3.5-4b" and not args.no_train:
-            train = {"args": shared, "workdir": str(workdir / "runs"), "toy": args.toy}
-            figures[name]["train"] = in_child("train", train, timeout=1800)
+            for key, copies in (("train", []), ("train_per_copy", ["--share_prompt_copies", "false"])):
+                train = {"args": [*shared, *copies], "workdir": str(workdir / key), "toy": args.toy}
+                figures[name][key] = in_child("train", train, timeout=1800)
 
     where = figures["gpu"] or "CPU (toy size)"
     print(f"\nGeoQA evaluation, {args.eval_items} fixture items, {args.max_new_tokens} new tokens, on {where}")
     rows = [[name, *(figures[name]["eval"][key] for key in EVAL_COLUMNS)] for name in args.models]
     print(markdown_table(["model", *EVAL_COLUMNS], rows))
     if "train" in figures.get("qwen3.5-4b", {}):
-        train = figures["qwen3.5-4b"]["train"]
+        train, per_copy = figures["qwen3.5-4b"]["train"], figures["qwen3.5-4b"]["train_per_copy"]
         print(f"one GRPO step of {SEED_RECIPE}: {train['s_per_step']:.1f} s, peak GPU {train['peak_gpu_gib']} GiB")
+        print(
+            f"  every copy encoded and prefilled: {per_copy['s_per_step']:.1f} s, peak GPU {per_copy['peak_gpu_gib']} "
+            f"GiB; step time per-copy / shared {per_copy['s_per_step'] / train['s_per_step']:.2f}x"
+        )
     report("gpu_check", figures, args.json)
 
 

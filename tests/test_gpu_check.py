@@ -37,10 +37,11 @@ def test_the_gpu_check_runs_every_stage_at_toy_size(tmp_path: Path) -> None:
     assert result["metadata"]["max_new_tokens"] == 4 and 0 < evaluation["mean_completion_tokens"] <= 4
     for key in ("samples_per_s", "mean_completion_tokens", "hit_limit_rate"):
         assert evaluation[key] == result["summary"][key], key
-    events = event_accumulator.EventAccumulator(str(tmp_path / "runs" / "check"))
-    events.Reload()
-    (step_time,) = events.Scalars("train/step_time")
-    assert figures["qwen3.5-4b"]["train"]["s_per_step"] == pytest.approx(step_time.value, rel=1e-6)
+    for key in ("train", "train_per_copy"):  # shared copies, then every copy on its own
+        events = event_accumulator.EventAccumulator(str(tmp_path / key / "check"))
+        events.Reload()
+        (step_time,) = events.Scalars("train/step_time")
+        assert figures["qwen3.5-4b"][key]["s_per_step"] == pytest.approx(step_time.value, rel=1e-6)
 
 
 def test_the_real_size_configurations_are_the_shipped_hub_configs() -> None:
