@@ -17,6 +17,8 @@ import datasets
 import numpy as np
 from PIL import Image, ImageOps
 
+from vision_grpo.data.encoded_images import CHECKED_FORMATS, encoded_bytes, integrity_problem, upright_size
+
 ImagePosition = Literal["before_text", "after_text"]
 IMAGE_SLOT = "<image>"  # where an image goes inside a task's prompt text
 
@@ -170,10 +172,24 @@ def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
     return image if size == image.size else image.resize(size, Image.Resampling.BICUBIC)
 
 
-def normalized_size(image: Image.Image, max_pixels: int) -> tuple[int, int]:
-    """The size `normalize_image(image, max_pixels)` returns, and every way it can fail (the decode-size limit, a
-    file that does not decode, a mode that does not convert), without its resize: a checking pass needs the size
-    training will see, and resizing a megapixel image costs several times decoding it."""
+def normalized_size(image: Image.Image, max_pixels: int, decode: bool = True) -> tuple[int, int]:
+    """The size `normalize_image(image, max_pixels)` returns, without its resize: a checking pass needs the size
+    training will see, and resizing a megapixel image costs several times decoding it.
+
+    With `decode`, every way `normalize_image` can fail is met here (the decode-size limit, a file that does not
+    decode, a mode that does not convert). Without it, a JPEG, PNG or WebP is not decoded: its size, orientation and
+    integrity come from its container (data/encoded_images.py, a fraction of a millisecond against 10-60 ms a
+    megapixel), so a truncated or damaged container fails here, a bitstream damaged inside whole chunks only when the
+    row is read; the modes these formats hold all convert to RGB. Other formats are decoded either way."""
+    if not decode and image.format in CHECKED_FORMATS:
+        check_decode_size(image)
+        with encoded_bytes(image) as data:
+            problem = integrity_problem(image, data) if data is not None else None
+            size = upright_size(image, data) if data is not None and not problem else None
+        if problem:
+            raise OSError(problem)
+        if size is not None:
+            return capped_size(*size, max_pixels)
     upright = _upright_rgb(image)
     return capped_size(upright.width, upright.height, max_pixels)
 

@@ -1,0 +1,144 @@
+"""The pass's container checks (data/encoded_images.py): the size training will see, read without decoding, is the
+size `normalize_image` returns, and a JPEG, PNG or WebP cut short or damaged is refused by the pass, naming its row;
+a bitstream damaged inside whole chunks passes `vqa_image_check: structure` and fails when its row is read, naming
+it, while `vqa_image_check: decode` finds it before training."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image, ImageFile, WebPImagePlugin
+from trl import GRPOConfig, ModelConfig
+
+from vision_grpo.data import get_dataset
+from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
+from vision_grpo.data.task_vqa import VQADataError
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+
+ORIENTATION = 0x0112
+FORMATS = ["JPEG", "PNG", "WEBP"]
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+
+
+def encoded(kind: str, size: tuple[int, int], orientation: int = 1, mode: str = "RGB") -> bytes:
+    """A noisy image (so that it does not compress to nothing) of `kind`, with its EXIF orientation."""
+    pixels = np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    image = Image.fromarray(pixels).convert(mode)
+    exif = Image.Exif()
+    exif[ORIENTATION] = orientation
+    buffer = io.BytesIO()
+    image.save(buffer, kind, exif=exif)
+    return buffer.getvalue()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kind=st.sampled_from(FORMATS),
+    width=st.integers(1, 300),
+    height=st.integers(1, 300),
+    max_pixels=st.integers(1, 20_000),
+    orientation=st.integers(1, 8),
+)
+def test_the_header_size_is_the_size_normalize_image_returns(
+    kind: str, width: int, height: int, max_pixels: int, orientation: int
+) -> None:
+    data = encoded(kind, (width, height), orientation)
+    expected = normalize_image(Image.open(io.BytesIO(data)), max_pixels).size
+    with undecodable():
+        assert normalized_size(Image.open(io.BytesIO(data)), max_pixels, decode=False) == expected
+
+
+@contextlib.contextmanager
+def undecodable() -> Iterator[None]:
+    """Any decode of an opened file fails the test."""
+
+    def refused(image: Image.Image) -> None:
+        raise AssertionError(f"{image.format} image decoded")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ImageFile.ImageFile, "load", refused)
+        patch.setattr(WebPImagePlugin.WebPImageFile, "load", refused)
+        yield
+
+
+@pytest.mark.parametrize("mode", ["L", "LA", "P", "RGBA", "1", "I;16"])
+def test_every_mode_png_holds_is_sized_without_decoding(mode: str) -> None:
+    data = encoded("PNG", (37, 23), 6, mode)
+    expected = normalize_image(Image.open(io.BytesIO(data)), 500).size
+    with undecodable():
+        assert normalized_size(Image.open(io.BytesIO(data)), 500, decode=False) == expected
+
+
+def damaged(kind: str) -> dict[str, bytes]:
+    """Whole, cut and damaged files of `kind`: `inside` keeps every container length and checksum right."""
+    whole = encoded(kind, (64, 48))
+    flipped = bytearray(whole)
+    flipped[len(whole) // 2] ^= 0xFF
+    files = {"whole": whole, "cut": whole[: len(whole) // 2], "flipped": bytes(flipped)}
+    return files
+
+
+def short_bitstream() -> bytes:
+    """A WebP whose VP8 bitstream is cut to half inside a container whose lengths say so: it opens (its frame
+    header is whole) and fails to decode."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(buffer, "WEBP")
+    whole = buffer.getvalue()
+    assert whole[12:16] == b"VP8 "
+    keep = struct.unpack_from("<I", whole, 16)[0] // 2 & ~1
+    return b"RIFF" + struct.pack("<I", 12 + keep) + b"WEBPVP8 " + struct.pack("<I", keep) + whole[20 : 20 + keep]
+
+
+def vqa_args(folder: Path, images: dict[str, bytes], *keys: str) -> TaskArguments:
+    features = datasets.Features(
+        {"id": datasets.Value("string"), "image": datasets.Image(), "question": datasets.Value("string"),
+         "answer": datasets.Value("string")}
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": name, "image": {"bytes": data, "path": None}, "question": "How many?", "answer": "2"}
+            for name, data in images.items()]  # fmt: skip
+    datasets.Dataset.from_list(rows, features=features).to_parquet(str(folder / "train.parquet"))
+    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", "null", "--vqa_id_column", "id",
+            "--vqa_answer_type", "number", "--use_cpu", "true", "--skip_bad_rows", "true", *keys]  # fmt: skip
+    return parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)[0]
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_a_cut_or_damaged_file_is_refused_by_the_pass_without_decoding(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = damaged(kind)
+    rows = get_dataset(vqa_args(tmp_path, files), "train", 10_000)
+    skipped = {line.split("id=")[1].split(":")[0] for line in caplog.messages if line.startswith("skipping")}
+    assert "'cut'" in skipped and "'whole'" not in skipped
+    if kind == "PNG":  # a byte flipped anywhere breaks a CRC; in a JPEG or WebP bitstream it may decode (or not)
+        assert "'flipped'" in skipped
+    assert "whole" in rows["id"]
+    if kind != "WEBP":  # Pillow opens a WebP by reading its frame header: a cut one fails there, in its words
+        assert any("image file is truncated" in line for line in caplog.messages)
+
+
+def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_with_decode(tmp_path: Path) -> None:
+    files = {"whole": damaged("WEBP")["whole"], "inside": short_bitstream()}
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(files["inside"])).load()  # it really does not decode
+    rows = get_dataset(vqa_args(tmp_path / "structure", files), "train", 10_000)
+    assert len(rows) == 2 and rows[0]["id"] == "whole"
+    with pytest.raises(VQADataError, match=r"VQA row id='inside': its image does not decode .* vqa_image_check: "):
+        rows[1]
+    rows = get_dataset(vqa_args(tmp_path / "decode", files, "--vqa_image_check", "decode"), "train", 10_000)
+    assert len(rows) == 1 and rows[0]["id"] == "whole"
