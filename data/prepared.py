@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import logging
 import os
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
-from vision_grpo.storage.writes import FULL_DISK_ERRNOS, DiskFull, file_sha256, full_disk_message
+from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message, is_full_disk
 
 logger = logging.getLogger(__name__)
 
@@ -238,8 +239,8 @@ def _full_disk_estimated(
     before = set(cache.parent.glob("tmp*"))
     try:
         yield
-    except OSError as error:
-        if error.errno not in FULL_DISK_ERRNOS:
+    except Exception as error:
+        if not is_full_disk(error, cache, None):
             raise
         for leftover in set(cache.parent.glob("tmp*")) - before:
             leftover.unlink(missing_ok=True)
@@ -251,7 +252,7 @@ def _full_disk_estimated(
             keep_in_memory=True, desc="estimating the rows cache's size",
         )  # fmt: skip
         needed = sampled.data.nbytes * len(source) // len(sample)
-        raise DiskFull(error.errno, full_disk_message(cache, needed)) from error
+        raise DiskFull(errno.ENOSPC, full_disk_message(cache, needed)) from error
 
 
 class _ReleasingPages:

@@ -7,19 +7,24 @@ from __future__ import annotations
 import errno
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import datasets
 import pytest
+import torch
 from datasets.arrow_writer import ArrowWriter
 from test_damaged_caches import rows_of
 from test_data_cache import recipe, write_source
 from test_evaluate import SHAPES_RECIPE
+from trl import GRPOTrainer
 
 from vision_grpo.data.prepared import ROWS_CACHE
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.results import partial_entries, partial_path
-from vision_grpo.storage.writes import DiskFull, append_bytes, write_text_atomic
+from vision_grpo.storage import writes
+from vision_grpo.storage.writes import DiskFull, append_bytes, is_full_disk, write_text_atomic
+from vision_grpo.training.trainer import VisionGRPOTrainer
 
 
 class FullAfter:
@@ -125,3 +130,42 @@ def test_an_evaluation_on_a_full_disk_keeps_its_records_and_resumes(
     evaluate.main([*args, "--output", str(output), "--resume"])  # space freed: the same command, resumed
     records = json.loads(output.read_text())["records"]
     assert records == json.loads(whole.read_text())["records"]
+
+
+# torch's zip writer on a full tmpfs (measured): no errno, only that its position did not move.
+TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def test_each_library_s_words_for_a_full_disk_are_recognised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert is_full_disk(OSError(errno.ENOSPC, "No space left on device"), tmp_path, None)
+    assert is_full_disk(OSError(errno.EDQUOT, "Disk quota exceeded"), tmp_path, None)
+    assert is_full_disk(RuntimeError(SAFETENSORS_FULL), tmp_path, None)
+    monkeypatch.setattr(writes, "free_bytes", lambda path: 100)
+    assert is_full_disk(RuntimeError(TORCH_FULL), tmp_path, 1000)  # less free than the save needs
+    assert not is_full_disk(RuntimeError(TORCH_FULL), tmp_path, 50)  # room enough: some other failure
+    assert not is_full_disk(OSError(errno.EACCES, "Permission denied"), tmp_path, 1000)
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_named_and_keeps_the_previous_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    previous = tmp_path / "checkpoint-2"
+    previous.mkdir()
+    (previous / "adapter_model.safetensors").write_bytes(b"w" * 5000)
+
+    def torch_on_a_full_disk(self: GRPOTrainer, model: Any, trial: Any) -> None:
+        (tmp_path / "checkpoint-3").mkdir()
+        (tmp_path / "checkpoint-3" / "optimizer.pt").write_bytes(b"o" * 64)
+        raise RuntimeError(TORCH_FULL)
+
+    monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", torch_on_a_full_disk)
+    monkeypatch.setattr(writes, "free_bytes", lambda path: 10)
+    trainer = VisionGRPOTrainer.__new__(VisionGRPOTrainer)  # only what the save reads
+    trainer._get_output_dir = lambda trial: str(tmp_path)
+    trainer.state = SimpleNamespace(global_step=3)
+    trainer.model = torch.nn.Linear(2, 2)
+    with pytest.raises(DiskFull, match=r"to write .*/checkpoint-3: the write needed about 5.0 kB and 10 bytes is free"):
+        trainer._save_checkpoint(trainer.model, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # the half-saved one removed
+    assert (previous / "adapter_model.safetensors").read_bytes() == b"w" * 5000

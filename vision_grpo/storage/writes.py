@@ -54,18 +54,42 @@ def full_disk_message(path: Path, needed: int | None) -> str:
     )
 
 
+# How libraries that raise no OSError of their own report a full disk: safetensors (Rust's I/O error, errno 28 or
+# 122), and torch's zip writer, which says only that its position did not move (`unexpected pos 576 vs 534`, measured
+# on a full tmpfs) or that a write failed: that one counts as a full disk when what is free is less than the write
+# needed.
+FULL_DISK_WORDS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
+
+
+def is_full_disk(error: BaseException, path: Path, needed: int | None) -> bool:
+    """Whether `error` (or an error it was raised from) is a write to `path` that found no room."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in FULL_DISK_ERRNOS:
+            return True
+        text = str(seen)
+        if any(words in text for words in FULL_DISK_WORDS):
+            return True
+        if any(words in text for words in TORCH_WRITE_FAILED):
+            free = free_bytes(path)
+            return free is not None and needed is not None and free < needed
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @contextmanager
 def naming_a_full_disk(path: Path, needed: int | None) -> Iterator[None]:
-    """Turn a full disk (ENOSPC, EDQUOT) met in the block into `DiskFull` naming `path` and `needed` bytes; every
-    other error passes unchanged."""
+    """Turn a full disk (ENOSPC, EDQUOT, or a library's words for it, `is_full_disk`) met in the block into
+    `DiskFull` naming `path` and `needed` bytes; every other error passes unchanged."""
     try:
         yield
     except DiskFull:
         raise
-    except OSError as error:
-        if error.errno not in FULL_DISK_ERRNOS:
+    except Exception as error:
+        if not is_full_disk(error, path, needed):
             raise
-        raise DiskFull(error.errno, full_disk_message(path, needed)) from error
+        raise DiskFull(errno.ENOSPC, full_disk_message(path, needed)) from error
 
 
 def write_text_atomic(path: Path, text: str) -> None:

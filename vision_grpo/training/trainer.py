@@ -6,15 +6,19 @@ own learning rate, and a data order that survives a resume across epochs.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
 from vision_grpo.models.shared_prefill import share_prefill
 from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
+from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
 
@@ -52,6 +56,20 @@ class VisionGRPOTrainer(GRPOTrainer):
             VisionVLLMGeneration.of(self.vllm_generation, self.processing_class, share_prompt_copies)
             self.add_callback(logprob_guard or LogprobGapGuard())
 
+    def _save_checkpoint(self, model, trial):
+        """The save, with a full disk named (`DiskFull`: the folder, about how much a checkpoint needs, what is
+        free) instead of torch's `unexpected pos 64 vs 0`; the half-written folder is removed, so the previous
+        checkpoint is the one `--resume_from_checkpoint last` finds, and the space it took is free again."""
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        existed = folder.exists()
+        try:
+            with naming_a_full_disk(folder, checkpoint_bytes(folder.parent, self.model)):
+                super()._save_checkpoint(model, trial)
+        except DiskFull:
+            if not existed:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
         return EpochSeededSampler.of(sampler) if isinstance(sampler, RepeatSampler) else sampler
@@ -61,6 +79,18 @@ class VisionGRPOTrainer(GRPOTrainer):
         if self.vision_lr_scale is not None:
             split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
         return optimizer
+
+
+def checkpoint_bytes(run_dir: Path, model: Any) -> int:
+    """About what a checkpoint takes: the newest one in `run_dir` already saved, else three times the trainable
+    weights (the weights or adapter, and AdamW's two moments)."""
+    saved = sorted(
+        (p for p in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    if saved:
+        return sum(f.stat().st_size for f in saved[-1].rglob("*") if f.is_file())
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 class StepScopedFeatures(TrainerCallback):
