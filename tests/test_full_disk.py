@@ -14,14 +14,18 @@ import datasets
 import pytest
 import torch
 from datasets.arrow_writer import ArrowWriter
+from lora_runs import lora_run
+from safetensors import SafetensorError
 from test_damaged_caches import rows_of
 from test_data_cache import recipe, write_source
 from test_evaluate import SHAPES_RECIPE
+from transformers import PreTrainedModel
 from trl import GRPOTrainer
 
 from vision_grpo.data.prepared import ROWS_CACHE
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.results import partial_entries, partial_path
+from vision_grpo.export import cli as export_cli
 from vision_grpo.storage import writes
 from vision_grpo.storage.writes import DiskFull, append_bytes, is_full_disk, write_text_atomic
 from vision_grpo.training.trainer import VisionGRPOTrainer
@@ -169,3 +173,23 @@ def test_a_full_disk_during_a_checkpoint_save_is_named_and_keeps_the_previous_on
         trainer._save_checkpoint(trainer.model, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # the half-saved one removed
     assert (previous / "adapter_model.safetensors").read_bytes() == b"w" * 5000
+
+
+def test_a_full_disk_during_an_export_is_named_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = lora_run(tmp_path / "run", "vision-grpo/tiny-qwen2.5-vl", SHAPES_RECIPE)
+    output = tmp_path / "exported"
+    real = PreTrainedModel.save_pretrained
+
+    def on_a_full_disk(self: PreTrainedModel, folder: Any, **kwargs: Any) -> None:
+        (Path(folder) / "model.safetensors").write_bytes(b"\0" * 100)  # what safetensors wrote before the disk filled
+        raise SafetensorError(SAFETENSORS_FULL)
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", on_a_full_disk)
+    with pytest.raises(DiskFull, match=rf"to write {output}: the write needed about \d+\.\d MB"):
+        export_cli.main(["--adapter", str(run), "--output", str(output)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging folder, no lock, no output
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", real)  # space freed
+    assert export_cli.main(["--adapter", str(run), "--output", str(output)]) == output
+    assert (output / "model.safetensors").is_file() or list(output.glob("model-*.safetensors"))

@@ -55,6 +55,7 @@ from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.files import permissions_as_created
 from vision_grpo.run.manifest import read_manifest
+from vision_grpo.storage.writes import naming_a_full_disk
 
 logger = logging.getLogger("vision_grpo.export")
 GENERATION_CONFIG = "generation_config.json"
@@ -159,8 +160,10 @@ def _export(
         model = load_verified_adapter(load_model(model_args, trust), adapter, merge=True)
     processor = get_processor(model_args, task_args, trust)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     try:
-        model.save_pretrained(staging, max_shard_size=args.max_shard_size)
+        with naming_a_full_disk(output, weights):  # a full disk: named, and the staging folder removed below
+            model.save_pretrained(staging, max_shard_size=args.max_shard_size)
         processor.save_pretrained(staging)
         # The image processor's own file too, as Hub Qwen-VL checkpoints ship it: a processor saved without its
         # video part (no torchvision) is then still loadable by vLLM's AutoProcessor, which falls back to it.
