@@ -26,6 +26,8 @@ from vision_grpo.data.prepared import ROWS_CACHE
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.results import partial_entries, partial_path
 from vision_grpo.export import cli as export_cli
+from vision_grpo.run.launched import raised_on_purpose
+from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.storage import writes
 from vision_grpo.storage.writes import DiskFull, append_bytes, is_full_disk, write_text_atomic
 from vision_grpo.training.trainer import VisionGRPOTrainer
@@ -193,3 +195,29 @@ def test_a_full_disk_during_an_export_is_named_and_leaves_nothing(
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", real)  # space freed
     assert export_cli.main(["--adapter", str(run), "--output", str(output)]) == output
     assert (output / "model.safetensors").is_file() or list(output.glob("model-*.safetensors"))
+
+
+def test_a_full_disk_at_the_final_save_is_named(tmp_path: Path) -> None:
+    class Trainer:  # what train_and_save calls on a rank that writes no record
+        model = torch.nn.Linear(4, 4)
+
+        def add_callback(self, callback: Any) -> None: ...
+
+        def train(self, resume_from_checkpoint: Any) -> None: ...
+
+        def save_model(self, folder: str) -> None:
+            raise SafetensorError(SAFETENSORS_FULL)
+
+    run = RecipeRun.__new__(RecipeRun)
+    run.is_main, run.run_dir, run.resume_from = False, tmp_path / "a", None
+    with pytest.raises(DiskFull, match=r"to write .*/a: the write needed about 80 bytes"):
+        run.train_and_save(Trainer(), processor=None)
+
+
+def test_a_full_disk_is_named_without_a_traceback_under_a_launcher_wherever_it_was_met() -> None:
+    def rows_cache() -> None:  # a DiskFull raised outside vision_grpo/, recipes/, eval/ (the rows cache is in data/)
+        raise DiskFull(errno.ENOSPC, "no space left on the device to write x.arrow")
+
+    with pytest.raises(DiskFull) as failed:
+        rows_cache()
+    assert raised_on_purpose(failed.value)

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from vision_grpo.storage.writes import DiskFull
+
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
@@ -87,6 +89,8 @@ def raised_on_purpose(error: BaseException) -> bool:
     """Whether `error` is a check of ours that failed: raised by a `raise` in this repository's code."""
     frames = traceback.extract_tb(error.__traceback__)
     where = str(Path(frames[-1].filename).resolve()) if frames else ""
+    if isinstance(error, DiskFull):  # a full disk named, wherever it was met (the rows cache is in data/)
+        return True
     return isinstance(error, (ValueError, OSError, RuntimeError)) and where.startswith(OURS)
 
 

@@ -36,6 +36,7 @@ from vision_grpo.run.manifest import (
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
 from vision_grpo.run.resume import RunConflict, check_resume, finished_step, resume_checkpoint
 from vision_grpo.run.threads import configure_threads
+from vision_grpo.storage.writes import naming_a_full_disk
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,11 @@ class RecipeRun:
             write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)
         trainer.add_callback(CheckpointChecksums())
         trainer.train(resume_from_checkpoint=self.resume_from)
-        trainer.save_model(str(self.run_dir))
+        # A full disk here is named; the run has no end record yet, so the same command with
+        # `--resume_from_checkpoint last` loads the last checkpoint and saves the final weights again.
+        trainable = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+        with naming_a_full_disk(self.run_dir, trainable):
+            trainer.save_model(str(self.run_dir))
         if self.is_main:
             processor.save_pretrained(str(self.run_dir))
             write_run_end(
