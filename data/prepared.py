@@ -40,6 +40,10 @@ from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message,
 logger = logging.getLogger(__name__)
 
 ERROR = "_error"  # the pass's column: None for a usable row, else why it is not (without its id)
+# The pass's optional column of each row's image sizes as training will see them ([[width, height], ...]): kept
+# beside the rows (`image_sizes`), not in them, so that what a consumer reads does not change.
+SIZES = "_image_sizes"
+SIZES_FEATURE = datasets.List(datasets.List(datasets.Value("int32")))
 ROWS_CACHE = "vision_grpo_rows"
 # Bytes (uncompressed) of a parquet row group above which converting it costs enough memory to say so.
 LARGE_ROW_GROUP = 50_000_000
@@ -47,6 +51,8 @@ LARGE_ROW_GROUP = 50_000_000
 # row group of the file into memory ahead of the conversion: without it the first start's memory does not grow with
 # the file's rows, only with its largest row group.
 PARQUET_READ = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)}
+# The image sizes of the rows each pass returned, by the realpath of its rows cache file (see `image_sizes`).
+_SIZES: dict[str, list[list[tuple[int, int]]]] = {}
 # Rows the pass reads between two releases of the source's mapped pages (`release_mapped_pages`): at a few hundred
 # KB a row (a 1-MP photograph as JPEG) that bounds what the pass holds of the source to tens of MB, at one read of
 # /proc/self/maps per hundred rows.
@@ -198,11 +204,27 @@ def checked_rows(
     bad_at = pc.indices_nonzero(pc.is_valid(errors))
     ids, reasons = (pc.take(table[name], bad_at).to_pylist() for name in ("id", ERROR))
     bad = [(str(row_id), reason) for row_id, reason in zip(ids, reasons, strict=True)]
+    usable = pc.indices_nonzero(pc.is_null(errors))
+    if SIZES in table.column_names:
+        sizes = pc.take(table[SIZES], usable).to_pylist()
+        _SIZES[os.path.realpath(cache)] = [[(width, height) for width, height in row] for row in sizes]
+        checked = checked.remove_columns(SIZES)
     if keep:
         checked = _beside(checked, source, keep)
     if bad:
-        checked = checked.select(pc.indices_nonzero(pc.is_null(errors)))
+        checked = checked.select(usable)
     return checked.remove_columns(ERROR), bad
+
+
+def image_sizes(rows: Any) -> list[list[tuple[int, int]]] | None:
+    """The (width, height) of each row's images as training will see them, as the checking pass computed them for
+    `rows` (the rows a task's `load` returned, before any `select`); None where no pass recorded them. Lets a check
+    that depends only on the sizes group the rows without decoding any image."""
+    for entry in getattr(rows, "cache_files", None) or []:
+        sizes = _SIZES.get(os.path.realpath(entry["filename"]))
+        if sizes is not None and len(sizes) == len(rows):
+            return sizes
+    return None
 
 
 def _trusted(cache: Path, key: str, rows: int) -> bool:

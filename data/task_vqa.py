@@ -30,7 +30,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
 from vision_grpo.data import prepared, prompts_and_images, report_unused
-from vision_grpo.data.prepared import ERROR
+from vision_grpo.data.prepared import ERROR, SIZES
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards import vqa as vqa_rewards
 from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, is_correct, predicted
@@ -246,7 +246,7 @@ def _check(
     cache key, not used."""
     args = SimpleNamespace(**options)
     out = {"id": _row_id(row, index, args), "prompt": [], "answer": "", "answer_type": args.vqa_answer_type}
-    out |= {"tolerance": args.vqa_tolerance, "options": 0, ERROR: None}
+    out |= {"tolerance": args.vqa_tolerance, "options": 0, ERROR: None, SIZES: []}
     try:
         question = row[args.vqa_question_column]
         if question is None or (isinstance(question, str) and not question.strip()):
@@ -263,7 +263,7 @@ def _check(
         sizes = [normalized_size(image, max_pixels, decode) for image in images]
         for image in images:
             image.close()  # one opened from a path holds its file until decoded or closed
-        out |= {"prompt": checked_prompt(out["id"], text, sizes, "before_text"), "answer": answer}
+        out |= {"prompt": checked_prompt(out["id"], text, sizes, "before_text"), "answer": answer, SIZES: sizes}
     except TemplateRefused:
         raise
     except Image.DecompressionBombError as error:
@@ -311,6 +311,7 @@ FEATURES = datasets.Features(
         "tolerance": datasets.Value("float64"),
         "options": datasets.Value("int64"),  # a choice row's number of options: its letters are the first ones
         ERROR: datasets.Value("string"),
+        SIZES: prepared.SIZES_FEATURE,
     }
 )
 

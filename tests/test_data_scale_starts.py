@@ -124,7 +124,8 @@ def test_every_prompt_is_checked_once_then_a_sample_until_a_deciding_setting_cha
         before = renders.count
         return check_visual_tokens(dataset, processor, model_config, -1, {}, limits), renders.count - before
 
-    assert checked() == (rows, rows)
+    # Every prompt is checked, rendering one of each distinct (prompt form, image sizes): two here.
+    assert checked() == (rows, 2)
     assert checked() == (RECHECK_SAMPLES, RECHECK_SAMPLES)  # a later start: every prompt passed with these
     dataset = get_dataset(args, "train", max_pixels_of(processor))  # another start's dataset: the same rows
     assert checked() == (RECHECK_SAMPLES, RECHECK_SAMPLES)
@@ -133,7 +134,7 @@ def test_every_prompt_is_checked_once_then_a_sample_until_a_deciding_setting_cha
     for _ in range(2):
         with pytest.raises(VisualTokenMismatch, match=f"example r{rows - 1} .*outside the recipe's limits"):
             checked((None, 5000))
-    assert checked((1, None)) == (rows, rows)
+    assert checked((1, None)) == (rows, 2)
 
 
 def test_a_parquet_source_in_large_row_groups_is_named_with_its_fix(

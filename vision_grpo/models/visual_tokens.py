@@ -5,8 +5,9 @@ slot twice (or not at all) all train without an error message on some paths and 
 others. `check_visual_tokens` renders sample prompts exactly as training does and checks them against the *model's*
 config, not against the processor itself, naming the first row that fails.
 
-Checking every prompt (`samples: -1`) renders each one through the processor, tens of milliseconds a row: it is done
-once per dataset, processor and model, and remembered under the `datasets` cache (beside the checked rows, see
+Checking every prompt (`samples: -1`) renders one prompt of each distinct (prompt form, image sizes) through the
+processor, tens of milliseconds each, where the checking pass recorded the sizes (every prompt elsewhere): it is
+done once per dataset, processor and model, and remembered under the `datasets` cache (beside the checked rows, see
 data/prepared.py); a later start with the same ones checks a sample.
 """
 
@@ -16,6 +17,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +97,7 @@ def check_visual_tokens(
     """
     if samples >= 0:
         return _check_rows(
-            dataset, min(samples, len(dataset)), processor, model_config, chat_template_kwargs, pixel_limits
+            dataset, range(min(samples, len(dataset))), processor, model_config, chat_template_kwargs, pixel_limits
         )
     record = _record_path(dataset, processor, model_config, chat_template_kwargs, pixel_limits)
     if record.is_file():
@@ -107,8 +109,8 @@ def check_visual_tokens(
             record,
             count,
         )
-        return _check_rows(dataset, count, processor, model_config, chat_template_kwargs, pixel_limits)
-    checked = _check_rows(dataset, len(dataset), processor, model_config, chat_template_kwargs, pixel_limits)
+        return _check_rows(dataset, range(count), processor, model_config, chat_template_kwargs, pixel_limits)
+    checked = _check_every_prompt(dataset, processor, model_config, chat_template_kwargs, pixel_limits)
     record.parent.mkdir(parents=True, exist_ok=True)
     temporary = record.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps({"prompts_checked": checked}))
@@ -139,17 +141,41 @@ def _record_path(
     return Path(datasets.config.HF_DATASETS_CACHE) / prepared.ROWS_CACHE / "token_checks" / f"{key}.json"
 
 
+def _check_every_prompt(
+    dataset: datasets.Dataset, processor: Any, model_config: Any, chat_template_kwargs: dict, pixel_limits: tuple
+) -> int:
+    """Every prompt checked; returns how many. What the check finds depends on the chat template (and its
+    arguments), the prompt's form (its messages and where their image slots are) and the sizes of its images, not
+    on its text: the checking pass refuses text holding a special token, so text never adds an image token. Where
+    the pass recorded the sizes (`prepared.image_sizes`), one prompt of each distinct (form, sizes) is rendered and
+    stands for the others: the cost grows with the distinct sizes, not the rows. Elsewhere every prompt is
+    rendered."""
+    sizes = prepared.image_sizes(dataset)
+    if sizes is None:
+        return _check_rows(dataset, range(len(dataset)), processor, model_config, chat_template_kwargs, pixel_limits)
+    forms = dataset.with_format("arrow")[:]["prompt"].to_pylist()  # one column read whole, no image decoded
+    first: dict[Any, int] = {}
+    for index, (prompt, row_sizes) in enumerate(zip(forms, sizes, strict=True)):
+        form = tuple((message["role"], tuple(part["type"] for part in message["content"])) for message in prompt)
+        first.setdefault((form, tuple(row_sizes)), index)
+    _check_rows(dataset, sorted(first.values()), processor, model_config, chat_template_kwargs, pixel_limits)
+    logger.info(
+        "image tokens: %d distinct (prompt form, image sizes) rendered for all %d prompts", len(first), len(dataset)
+    )
+    return len(dataset)
+
+
 def _check_rows(
     dataset: datasets.Dataset,
-    count: int,
+    indices: Sequence[int],
     processor: Any,
     model_config: Any,
     chat_template_kwargs: dict,
     pixel_limits: tuple,
 ) -> int:
-    """The first `count` rows checked; returns `count`."""
+    """The rows at `indices` checked; returns how many."""
     # Every prompt of a real GeoQA recipe (3,503) takes a while: show it.
-    rows = tqdm(dataset.select(range(count)), desc="checking image tokens", disable=count < 1000)
+    rows = tqdm(dataset.select(indices), desc="checking image tokens", disable=len(indices) < 1000)
     for row in rows:
         image = row["images"] if "images" in row else row["image"]
         rendered = processor.apply_chat_template(
@@ -161,4 +187,4 @@ def _check_rows(
             **chat_template_kwargs,
         )
         _check_row(row["id"], image, rendered, processor, model_config, pixel_limits)
-    return count
+    return len(indices)
