@@ -22,7 +22,7 @@ from trl import GRPOConfig, ModelConfig
 from vision_grpo.data import get_dataset
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
 from vision_grpo.data.task_vqa import VQADataError
-from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 
 ORIENTATION = 0x0112
@@ -142,3 +142,8 @@ def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_with_decode(
         rows[1]
     rows = get_dataset(vqa_args(tmp_path / "decode", files, "--vqa_image_check", "decode"), "train", 10_000)
     assert len(rows) == 1 and rows[0]["id"] == "whole"
+
+
+def test_an_unknown_image_check_is_refused() -> None:
+    with pytest.raises(RecipeError, match=r"vqa_image_check: 'full' is not one of \['structure', 'decode'\]"):
+        TaskArguments(task="vqa", vqa_image_check="full")
