@@ -368,6 +368,13 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     }
     target = "images" if several else "image"
     rows, bad = prepared.checked_rows(source, _check, deciding, FEATURES, f"VQA {name}", keep={column: target})
+    if task_args.vqa_image_check == "structure":
+        logger.info(
+            "VQA %s: JPEG, PNG and WebP images checked from their containers, not decoded (vqa_image_check: "
+            "structure): one whose bitstream is damaged inside them fails when its row is read, naming it; "
+            "vqa_image_check: decode finds such rows before training",
+            name,
+        )
     where = f"{task_args.dataset_name} ({name})"
     if bad and not task_args.skip_bad_rows:
         row_id, reason = bad[0]

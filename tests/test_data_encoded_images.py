@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,3 +148,9 @@ def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_with_decode(
 def test_an_unknown_image_check_is_refused() -> None:
     with pytest.raises(RecipeError, match=r"vqa_image_check: 'full' is not one of \['structure', 'decode'\]"):
         TaskArguments(task="vqa", vqa_image_check="full")
+
+
+def test_the_log_says_what_the_pass_did_not_decode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="vision_grpo.data.task_vqa"):
+        get_dataset(vqa_args(tmp_path, {"whole": damaged("PNG")["whole"]}), "train", 10_000)
+    assert "not decoded (vqa_image_check: structure)" in caplog.text
