@@ -171,6 +171,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_named_and_keeps_the_previous_on
     trainer._get_output_dir = lambda trial: str(tmp_path)
     trainer.state = SimpleNamespace(global_step=3)
     trainer.model = torch.nn.Linear(2, 2)
+    trainer.is_world_process_zero = lambda: True
     with pytest.raises(DiskFull, match=r"to write .*/checkpoint-3: the write needed about 5.0 kB and 10 bytes is free"):
         trainer._save_checkpoint(trainer.model, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # the half-saved one removed

@@ -66,7 +66,7 @@ class VisionGRPOTrainer(GRPOTrainer):
             with naming_a_full_disk(folder, checkpoint_bytes(folder.parent, self.model)):
                 super()._save_checkpoint(model, trial)
         except DiskFull:
-            if not existed:
+            if not existed and self.is_world_process_zero():  # one remover: another rank may still be writing
                 shutil.rmtree(folder, ignore_errors=True)
             raise
 
