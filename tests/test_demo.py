@@ -10,6 +10,7 @@ import datasets
 import pytest
 import yaml
 from conftest import run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from vision_grpo.data import with_sft_completions
 from vision_grpo.evaluation.pass_at_k import summarize_samples
@@ -195,9 +196,23 @@ def check_demo_outputs(runs, results):
                 f"only with '{models[first]}', {test['c']} only with '{models[second]}', p = {test['p_value']:.3g}."
             ) in lines
 
-    # The control continued the biased warm start, for a step count derived from the GRPO stage's time.
-    control = json.loads((runs / "shapes" / "tiny_sft_biased" / "demo-biased-control" / "manifest.json").read_text())
+    # The control continued the biased warm start, for as many token-passes as the GRPO stage made (4 per GRPO
+    # token: generation, forward, backward x 2; 3 per SFT token), to within one of its own steps: read from the
+    # tokens each run logged.
+    control_dir = runs / "shapes" / "tiny_sft_biased" / "demo-biased-control"
+    control = json.loads((control_dir / "manifest.json").read_text())
     assert control["argv"][control["argv"].index("--model_name_or_path") + 1].endswith("tiny_sft_biased/demo-biased")
+    grpo_tokens = _logged_tokens(runs / "shapes" / "tiny_grpo_demo" / "demo-biased")
+    control_tokens = _logged_tokens(control_dir)
+    per_step = control_tokens / control["global_step"]
+    assert abs(3 * control_tokens - 4 * grpo_tokens) <= 3 * per_step
+
+
+def _logged_tokens(run_dir: Path) -> float:
+    """The tokens TRL counted over a run (its last logged `num_tokens`, every step logged in the quick demo)."""
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return events.Scalars("train/num_tokens")[-1].value
 
 
 def test_a_failed_stage_stops_the_stage_running_beside_it(tmp_path: Path, monkeypatch) -> None:

@@ -25,10 +25,13 @@ EVAL_BATCH = 50
 QUICK_SFT = ["--max_steps", "6", "--shapes_train_size", "64", "--per_device_train_batch_size", "8"]
 
 
-QUICK_SFT += ["--warmup_steps", "1"]
+QUICK_SFT += ["--warmup_steps", "1", "--logging_steps", "1"]  # every step logged: the control counts its tokens
 
 
 QUICK_GRPO = ["--max_steps", "2", "--shapes_train_size", "32", "--per_device_train_batch_size", "16"]
+
+
+QUICK_GRPO += ["--logging_steps", "1"]
 
 
 QUICK_EVAL = ["--shapes_eval_size", "24"]

@@ -106,20 +106,29 @@ def run_scalars(run_dir: Path) -> Any:
     return events
 
 
-def train_seconds(run_dir: Path) -> tuple[int, float]:
-    """(steps, seconds) of a finished run's training loop: the manifest's last step, the Trainer's `train_runtime`."""
+# Model passes over each token: GRPO's generation forward, then its training forward and backward (counted as two
+# passes); SFT's forward and backward. The control's compute is matched in these token-passes, not in seconds.
+GRPO_PASSES, SFT_PASSES = 4, 3
+
+
+def trained(run_dir: Path) -> tuple[int, int]:
+    """(steps, tokens) of a finished run: the manifest's last step and the tokens TRL counted (`num_tokens`, prompt
+    and completion tokens without padding, for every sequence) up to its last logged step, scaled to the last step."""
     steps = json.loads((run_dir / "manifest.json").read_text())["global_step"]
-    return steps, run_scalars(run_dir).Scalars("train/train_runtime")[-1].value
+    last = run_scalars(run_dir).Scalars("train/num_tokens")[-1]
+    return steps, round(last.value * steps / last.step)
 
 
 def control_steps(warm_run: Path, grpo_run: Path) -> int:
-    """SFT steps that take as long as the GRPO stage's training loop, at the warm start's measured time per step.
+    """SFT steps that make as many token-passes as the GRPO stage, at the warm start's tokens per step.
 
-    A step count rather than a time-based stop, so the control run is an ordinary, reproducible recipe run whose
-    length is written in its manifest; both measured times stand in the table, so the match can be checked.
+    Counted in model passes over tokens rather than seconds, so the control is the same run on every machine (the
+    GRPO stage's tokens follow its sampled completions, fixed by the seed); a step count, so the control is an
+    ordinary recipe run whose length is written in its manifest.
     """
-    warm_steps, warm_seconds = train_seconds(warm_run)
-    return max(1, round(train_seconds(grpo_run)[1] / (warm_seconds / warm_steps)))
+    warm_steps, warm_tokens = trained(warm_run)
+    _, grpo_tokens = trained(grpo_run)
+    return max(1, round(GRPO_PASSES * grpo_tokens / (SFT_PASSES * warm_tokens / warm_steps)))
 
 
 def evaluate(model: Path, name: str, results_dir: Path, extra: list[str], control: str) -> dict:
@@ -144,9 +153,9 @@ def evaluate_all(model: Path, name: str, label: str, results_dir: Path, extra: l
     return Evaluated(label, greedy, blank, sample(model, name, results_dir, extra), training)
 
 
-def _trained_for(run_dir: Path) -> str:
-    steps, seconds = train_seconds(run_dir)
-    return f"{steps} steps, {seconds:.0f} s"
+def _trained_for(run_dir: Path, passes: int) -> str:
+    steps, tokens = trained(run_dir)
+    return f"{steps} steps, {passes * tokens / 1e6:.2f} M token-passes"
 
 
 Runs = list[tuple[Path, str, str, str]]  # (run folder, result name, column label, training) of each model
@@ -169,9 +178,14 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
     with clock.stage(f"{experiment.title}: GRPO (TRL GRPOTrainer)"):
         grpo_extra = ["--model_name_or_path", str(warm_run), *quick_grpo]
         grpo_run = run_stage("recipes/train.py", GRPO_RECIPE, runs_dir, run_name, grpo_extra, args.fresh, log("grpo"))
-    runs = [(warm_run, "warm_start", "warm start", "–"), (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run))]
+    runs = [
+        (warm_run, "warm_start", "warm start", "–"),
+        (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run, GRPO_PASSES)),
+    ]
     if experiment.sft_control:
-        with clock.stage(f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's time"):
+        with clock.stage(
+            f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's compute"
+        ):
             steps = control_steps(warm_run, grpo_run)
             control_extra = ["--model_name_or_path", str(warm_run), *quick_sft, "--max_steps", str(steps)]
             control_run = run_stage(
@@ -183,7 +197,7 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
                 args.fresh,
                 log("control"),
             )
-        runs.append((control_run, "sft_control", "SFT control (more SFT)", _trained_for(control_run)))
+        runs.append((control_run, "sft_control", "SFT control (more SFT)", _trained_for(control_run, SFT_PASSES)))
     return grpo_run, runs
 
 
