@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.run.manifest import read_manifest
-from vision_grpo.storage.writes import file_sha256, write_text_atomic
+from vision_grpo.storage.writes import file_record, record_difference, write_text_atomic
 
 CHECKSUMS = "checksums.json"
 
@@ -29,7 +29,7 @@ def write_checksums(checkpoint: Path) -> None:
         for p in checkpoint.iterdir()
         if p.is_file() and p.name != CHECKSUMS and not OTHER_RANKS_FILES.fullmatch(p.name)
     )
-    sums = {p.name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
+    sums = {p.name: file_record(p) for p in files}
     write_text_atomic(checkpoint / CHECKSUMS, json.dumps(sums, indent=1))
 
 
@@ -50,11 +50,11 @@ def checksum_fault(checkpoint: Path) -> str | None:
         file = checkpoint / name
         if not file.is_file():
             return f"no {name} (listed in {CHECKSUMS})"
-        size = file.stat().st_size
-        if size != expected["bytes"]:
-            return f"{name} of {size} bytes, saved with {expected['bytes']} (cut short or replaced)"
-        if file_sha256(file) != expected["sha256"]:
+        difference = record_difference(file, expected)
+        if difference == "sha256":
             return f"{name} corrupted: its bytes changed since it was saved (sha256 differs from {CHECKSUMS})"
+        if difference is not None:
+            return f"{name} of {difference} bytes, saved with {expected['bytes']} (cut short or replaced)"
     return None
 
 

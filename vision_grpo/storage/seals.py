@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vision_grpo.storage.writes import file_sha256, write_text_atomic
+from vision_grpo.storage.writes import file_record, record_difference, write_text_atomic
 
 SEAL_SUFFIX = ".seal.json"
 
@@ -32,7 +32,7 @@ def _files(cache: Path) -> dict[str, Path]:
 def seal(cache: Path, **identity: Any) -> None:
     """Record the size and sha256 of `cache` (a file, or every file in a folder) and `identity` (JSON values: what
     the cache was made for) in its seal."""
-    files = {name: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for name, p in _files(cache).items()}
+    files = {name: file_record(p) for name, p in _files(cache).items()}
     write_text_atomic(seal_path(cache), json.dumps({"identity": identity, "files": files}, indent=1))
 
 
@@ -56,11 +56,11 @@ def seal_fault(cache: Path, **identity: Any) -> str | None:
         file = present.get(name)
         if file is None:
             return f"{cache}: {name} is missing"
-        size = file.stat().st_size
-        if size != expected["bytes"]:
-            return f"{file} holds {size} bytes, sealed with {expected['bytes']} (cut short, grown or replaced)"
-        if file_sha256(file) != expected["sha256"]:
+        difference = record_difference(file, expected)
+        if difference == "sha256":
             return f"{file} is corrupted: its bytes changed since it was sealed (sha256 differs)"
+        if difference is not None:
+            return f"{file} holds {difference} bytes, sealed with {expected['bytes']} (cut short, grown or replaced)"
     extra = sorted(set(present) - set(files))
     if extra:
         return f"{cache}: {extra[0]} was not there when it was sealed"

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # A write that found no room: the device is full, or the user's quota is.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -127,3 +128,17 @@ def file_sha256(path: Path) -> str:
         while chunk := source.read(1 << 24):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What seals and checkpoint checksums record of a file: its size and sha256."""
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def record_difference(path: Path, record: dict[str, Any]) -> int | str | None:
+    """How `path` differs from its `file_record`: its size when that changed (the cheap check, first), "sha256" when
+    only its bytes did, None when it is as recorded."""
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        return size
+    return "sha256" if file_sha256(path) != record["sha256"] else None
