@@ -47,13 +47,17 @@ def replica() -> Path:
 
     The replica is saved where torchvision is missing, so its `processor_config.json` has no video processor, and
     vLLM's `AutoProcessor` then fails ("Can't load video processor"). Hub checkpoints (e.g. Qwen2.5-VL-3B) also ship
-    `preprocessor_config.json`, which transformers falls back to for the video processor; we write the same file.
+    `preprocessor_config.json`, which transformers falls back to for the video processor; we write the same file,
+    and seal the replica again with it (vision_grpo/storage/seals.py): an unsealed file would make every later start
+    rebuild the replica without it.
     """
     from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
+    from vision_grpo.storage.seals import seal
 
     path = Path(resolve_model_path(TINY_MODEL))
     nested = json.loads((path / "processor_config.json").read_text())
     (path / "preprocessor_config.json").write_text(json.dumps(nested["image_processor"], indent=2))
+    seal(path, model=TINY_MODEL)
     return path
 
 
