@@ -81,7 +81,7 @@ def test_rows_count_as_copies_only_next_to_each_other_and_bit_identical() -> Non
         "image_grid_thw": torch.tensor([[1, 2, 2]] * 5),
         "pixel_values": pixels,
     }
-    runs, layout = copy_runs(inputs)
+    runs, layout = copy_runs(inputs, merge=4)  # each 2 x 2 grid is one image token, as mm_token_type_ids says
     assert layout == [[0], [1], [2], [3], [4]]
     assert runs.rows == [0, 0, 1, 2, 3]  # one bit apart, other ids, and a copy not next to its first stay apart
 

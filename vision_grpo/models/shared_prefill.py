@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vision_grpo.models.shared_vision import distinct_images
+from vision_grpo.models.shared_vision import distinct_images, towers
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +40,15 @@ class CannotShare(ValueError):
     """These inputs or this cache cannot be shared; the per-copy generate runs instead."""
 
 
-def _images_per_row(inputs: dict[str, Any]) -> list[list[int]]:
-    """The indices of each row's images, in order: the processor lays a row's image tokens out image by image."""
+def _images_per_row(inputs: dict[str, Any], merge: int) -> list[list[int]]:
+    """The indices of each row's images, in order: the processor lays a row's image tokens out image by image, one
+    token per `merge` patches."""
     grid = inputs.get("image_grid_thw")
     rows = inputs["input_ids"].shape[0]
     if grid is None:
         return [[] for _ in range(rows)]
     if inputs.get("mm_token_type_ids") is None:
         raise CannotShare("no mm_token_type_ids to tell which tokens are images")
-    merge = 4  # 2 x 2 patches per image token, in every shareable family
     tokens = (grid.prod(-1) // merge).tolist()
     per_row = (inputs["mm_token_type_ids"] == 1).sum(-1).tolist()
     layout, image = [], 0
@@ -74,10 +74,10 @@ class Runs:
     rows: list[int]
 
 
-def copy_runs(inputs: dict[str, Any]) -> tuple[Runs, list[list[int]]]:
+def copy_runs(inputs: dict[str, Any], merge: int) -> tuple[Runs, list[list[int]]]:
     """The runs of rows with the same ids, mask and images (bit for bit, as `distinct_images` decides), and each
     row's image indices."""
-    layout = _images_per_row(inputs)
+    layout = _images_per_row(inputs, merge)
     grid = inputs.get("image_grid_thw")
     image = distinct_images(inputs["pixel_values"], grid).inverse if grid is not None else []
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -152,7 +152,7 @@ class SharedPrefillGenerate:
         if self._dropout_active():
             return self.generate(**inputs)
         try:
-            runs, layout = copy_runs(inputs)
+            runs, layout = copy_runs(inputs, self._patches_per_token())
             if len(runs.first) == len(runs.rows):
                 return self.generate(**inputs)
             cache = self._prefill(distinct_inputs(inputs, runs, layout), torch.tensor(runs.rows))
@@ -165,6 +165,13 @@ class SharedPrefillGenerate:
             logger.info("prefill sharing: %d prompts prefilled once for %d rows", len(runs.first), len(runs.rows))
         rest = {k: v for k, v in inputs.items() if k not in ("pixel_values", "image_grid_thw")}
         return self.generate(**rest, cache=cache)
+
+    def _patches_per_token(self) -> int:
+        """Vision patches per image token: the square of the tower's spatial merge (4 in the Qwen-VL families)."""
+        tower = next((module for _, module in towers(self.model)), None)
+        if tower is None or not hasattr(tower, "spatial_merge_size"):
+            raise CannotShare("no vision tower says how many patches make an image token")
+        return tower.spatial_merge_size**2
 
     def _dropout_active(self) -> bool:
         active = next(
