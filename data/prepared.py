@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
+from filelock import FileLock
 
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
 from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message, is_full_disk
@@ -174,7 +175,9 @@ def checked_rows(
     key = Hasher.hash([source_key or source._fingerprint, deciding])
     cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    with _one_process_per_node() as who:
+    # The lock: two launches preparing one key at once (the demo's two experiments) - without it, one could find the
+    # other's cache written but not yet sealed, remove it as damaged, and the other's seal would find no file.
+    with _one_process_per_node() as who, FileLock(str(cache) + ".lock"):
         cached = _trusted(cache, key, len(source))
         started = time.perf_counter()
         with _full_disk_estimated(cache, source, check, deciding, features):
