@@ -24,7 +24,7 @@ import datasets
 import pyarrow.compute as pc
 from PIL import Image, UnidentifiedImageError
 
-from vision_grpo.data import prepared, report_unused
+from vision_grpo.data import hub, prepared, report_unused
 from vision_grpo.data.prompts_and_images import (
     ImageTooLarge,
     RowRefused,
@@ -146,14 +146,11 @@ def load_source(source: str, revision: str | None = None) -> datasets.Dataset:
         if not revision:
             logger.warning("GeoQA: %s without a pinned revision; the fixed subset may drift with `main`", source)
         try:
-            dataset = datasets.load_dataset(source, revision=revision, split="train")
-        except ConnectionError as error:  # what `datasets` raises offline (or unreachable) for an uncached revision
-            pinned = f" at revision {revision}" if revision else ""
+            dataset = hub.load(source, revision, "train")
+        except (ConnectionError, hub.HubDataUnavailable) as error:  # ConnectionError: the Hub is unreachable
             raise GeoQADataError(
-                f"{source}{pinned} is not in the local datasets cache and the Hub cannot be reached ({error}). "
-                f"Where the Hub is reachable run `python -m vision_grpo.data.geoqa prepare --source {source} "
-                "--revision <commit> --output-dir <dir>` and set `dataset_name` to that folder, or to a local "
-                "parquet copy"
+                f"GeoQA: {error}. A local copy, made where the Hub is reachable: `python -m vision_grpo.data.geoqa "
+                f"prepare --source {source} --revision <commit> --output-dir <dir>`"
             ) from error
     return _check_unique_ids(_check_columns(dataset, source), source)
 

@@ -29,7 +29,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from vision_grpo.data import prepared, prompts_and_images, report_unused
+from vision_grpo.data import hub, prepared, prompts_and_images, report_unused
 from vision_grpo.data.prepared import ERROR, SIZES
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards import vqa as vqa_rewards
@@ -147,7 +147,7 @@ def _read(source: str, revision: str | None, split: str) -> datasets.Dataset:
         raise VQADataError(f"{source}: no {split}.parquet or {split}.jsonl and not a save_to_disk folder")
     if source.startswith((".", "/", "~")):
         raise VQADataError(f"{source} does not exist")
-    return datasets.load_dataset(source, revision=revision, split=split)
+    return hub.load(source, revision, split)
 
 
 def _read_file(path: Path) -> datasets.Dataset:

@@ -107,7 +107,7 @@ ENTRY_POINT_CASES = {
     "dataset revision offline": (
         GEOQA_FROM_THE_HUB + GEOQA_REWARDS,
         GeoQADataError,
-        r"hz2475/geoQA at revision 0{40} is not in the local datasets cache .*vision_grpo.data.geoqa prepare",
+        r"hz2475/geoQA at revision 0{40} is not in the Hub cache .* offline .*vision_grpo.data.geoqa prepare",
     ),
     "empty dataset": (["--shapes_train_size", "0"], ValueError, "the shapes train dataset is empty after filtering"),
     "huge canvas": (["--shapes_canvas", "9000"], RecipeError, "shapes_canvas: 9000px squared exceeds 64,000,000"),
