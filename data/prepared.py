@@ -288,11 +288,11 @@ class _ReleasingPages:
     the memory: without the release a first start's RSS grows with the source."""
 
     def __init__(self, check: Callable[..., dict[str, Any]], source: datasets.Dataset) -> None:
-        self.check, self.source = check, source
+        self.check, self.names = check, _mapped_files(source)
 
     def __call__(self, row: dict[str, Any], index: int, **deciding: Any) -> dict[str, Any]:
         if index % RELEASE_EVERY == RELEASE_EVERY - 1:
-            release_mapped_pages(self.source)
+            _release(self.names)
         return self.check(row, index, **deciding)
 
 
@@ -301,10 +301,17 @@ def release_mapped_pages(dataset: Any) -> None:
     /proc/self/maps names them at): the process's RSS drops them, and a later read of them reads the file again.
     Pages that another process also has mapped stay. Does nothing where there is no /proc (not Linux), nor for a
     dataset with no Arrow file (held in memory, or any object that reads rows by indices)."""
-    files = getattr(dataset, "cache_files", None)
-    if not files or not sys.platform.startswith("linux"):
+    _release(_mapped_files(dataset))
+
+
+def _mapped_files(dataset: Any) -> set[str]:
+    return {os.path.realpath(entry["filename"]) for entry in getattr(dataset, "cache_files", None) or []}
+
+
+def _release(names: set[str]) -> None:
+    """`release_mapped_pages` of the Arrow files `names` (real paths); one read of /proc/self/maps, about 2 ms."""
+    if not names or not sys.platform.startswith("linux"):
         return
-    names = {os.path.realpath(entry["filename"]) for entry in files}
     libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -348,5 +355,24 @@ def undecoded(feature: Any) -> Any:
 def decode_on_access(rows: datasets.Dataset, decode: Callable[[dict[str, list]], dict[str, list]]) -> datasets.Dataset:
     """`rows` whose reads (indexing, iteration, the data loader's batches) go through `decode`, which turns the
     encoded images of a batch into normalised ones; a picklable `decode` (a `functools.partial` of a module
-    function) lets `dataloader_num_workers` processes decode in parallel."""
-    return rows.with_transform(decode)
+    function) lets `dataloader_num_workers` processes decode in parallel. Each process that reads releases its
+    mapped pages of the rows' Arrow files every `RELEASE_EVERY` rows it reads (`_ReleasingReads`)."""
+    return rows.with_transform(_ReleasingReads(decode, _mapped_files(rows)))
+
+
+class _ReleasingReads:
+    """`decode`, releasing this process's mapped pages of the rows' Arrow files (`names`) once `RELEASE_EVERY` rows
+    have been read since the last release. A training run reads every row once an epoch; without the release each
+    page read stays in the reading process's RSS until it ends (measured: `benchmarks/data_scale.py --train-rows`),
+    as the checking pass's did before `_ReleasingPages`."""
+
+    def __init__(self, decode: Callable[[dict[str, list]], dict[str, list]], names: set[str]) -> None:
+        self.decode, self.names, self.unreleased = decode, names, 0
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        self.unreleased += len(next(iter(batch.values()), []))
+        decoded = self.decode(batch)
+        if self.unreleased >= RELEASE_EVERY:
+            _release(self.names)
+            self.unreleased = 0
+        return decoded

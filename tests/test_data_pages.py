@@ -1,7 +1,8 @@
 """Neither the checking pass nor a pass of the evaluator over a split keeps the source resident: `datasets` reads
 the source's Arrow file through a memory map, and every page read used to stay in the process's RSS (a 20,000-row
 1-MP first start peaked about the source's size above a 1,000-row one). The pass releases the source's pages every
-`RELEASE_EVERY` rows and at its end, the evaluator's `rows_at` after each batch; measured here on the mapping itself
+`RELEASE_EVERY` rows and at its end, the evaluator's `rows_at` after each batch, and every other read (the training
+data loader's) every `RELEASE_EVERY` rows; measured here on the mapping itself
 (/proc/self/smaps), sampled while the pass runs."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
@@ -114,3 +116,18 @@ def test_an_evaluation_pass_over_a_split_does_not_keep_it_resident(tmp_path: Pat
     after = resident_kib(files)
     # Before `rows_at` released them, every image read stayed mapped: after ≈ size_kib.
     assert after < size_kib * 0.1, (after, size_kib)
+
+
+def test_a_training_loader_reading_every_row_does_not_keep_them_resident(tmp_path: Path) -> None:
+    args, files, size_kib = noise_rows(tmp_path)
+    rows = get_dataset(args, "train", 168 * 168)
+    # As the trainer's loader reads (GRPO's collator is the identity): batches of rows through `__getitems__`. In
+    # order: a shuffled read of one of this file's rows faults in ~370 kB around it here (8 MB read-ahead), so 100
+    # shuffled rows map most of this 43-MB file between two releases; the bound that holds at any size, measured
+    # by `benchmarks/data_scale.py --train-rows`, is those 100 rows' worth, not the file.
+    loader = torch.utils.data.DataLoader(rows, batch_size=8, collate_fn=list)
+    read = sum(len(batch) for batch in loader)
+    assert read == ROWS
+    after = resident_kib(files)
+    # Before the loader's reads released them every `RELEASE_EVERY` rows, every image read stayed mapped.
+    assert after < size_kib * (2 * prepared.RELEASE_EVERY / ROWS), (after, size_kib)
