@@ -66,8 +66,8 @@ class Options:
         default="structure",
         metadata={
             "help": "`structure`: the pass reads JPEG/PNG/WebP sizes and integrity from the file's container, a "
-            "bitstream damaged inside it fails when its row is read; `decode`: the pass decodes every image "
-            "(10-60 ms a megapixel)."
+            "bitstream damaged inside it fails when its row is read (under skip_bad_rows the pass decodes JPEG "
+            "and WebP bitstreams to skip such rows); `decode`: the pass decodes every image (10-60 ms a megapixel)."
         },
     )
 
@@ -260,7 +260,7 @@ def _check(
         images = _images(value, args.vqa_image_folder)
         answer = _answer(row, args)
         decode = args.vqa_image_check == "decode"
-        sizes = [normalized_size(image, max_pixels, decode) for image in images]
+        sizes = [normalized_size(image, max_pixels, decode, args.skip_bad_rows) for image in images]
         for image in images:
             image.close()  # one opened from a path holds its file until decoded or closed
         out |= {"prompt": checked_prompt(out["id"], text, sizes, "before_text"), "answer": answer, SIZES: sizes}
@@ -292,8 +292,8 @@ def _normalized(value: Any, row_id: str | None, several: bool, folder: str | Non
     except (OSError, ValueError) as error:
         raise VQADataError(
             f"VQA row id={row_id!r}: its image does not decode ({error}), found when the row was read; the checking "
-            "pass read its container only (vqa_image_check: structure): vqa_image_check: decode finds such rows "
-            "before training (and skip_bad_rows skips them)"
+            "pass read its container only (vqa_image_check: structure): skip_bad_rows: true finds and skips such "
+            "rows before training, vqa_image_check: decode finds them"
         ) from error
     return images if several else images[0]
 
@@ -361,7 +361,9 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         source = source.cast_column(column, prepared.undecoded(feature))
     several = isinstance(feature, (datasets.List, list))  # a list column gives TRL's `images`, else `image`
     deciding = {
-        "options": {f.name: getattr(task_args, f.name) for f in dataclasses.fields(Options)},
+        # `skip_bad_rows` decides the rows too: under it the pass verifies JPEG and WebP bitstreams (`_check`).
+        "options": {f.name: getattr(task_args, f.name) for f in dataclasses.fields(Options)}
+        | {"skip_bad_rows": bool(task_args.skip_bad_rows)},
         "template": _template_text(task_args),
         "max_pixels": max_pixels,
         "code": prepared.code_digest(sys.modules[__name__], prompts_and_images, vqa_rewards),
@@ -372,7 +374,8 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         logger.info(
             "VQA %s: JPEG, PNG and WebP images checked from their containers, not decoded (vqa_image_check: "
             "structure): one whose bitstream is damaged inside them fails when its row is read, naming it; "
-            "vqa_image_check: decode finds such rows before training",
+            "skip_bad_rows: true (which decodes JPEG and WebP bitstreams in the pass) or vqa_image_check: decode "
+            "finds such rows before training",
             name,
         )
     where = f"{task_args.dataset_name} ({name})"

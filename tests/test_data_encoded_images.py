@@ -1,7 +1,8 @@
 """The pass's container checks (data/encoded_images.py): the size training will see, read without decoding, is the
 size `normalize_image` returns, and a JPEG, PNG or WebP cut short or damaged is refused by the pass, naming its row;
 a bitstream damaged inside whole chunks passes `vqa_image_check: structure` and fails when its row is read, naming
-it, while `vqa_image_check: decode` finds it before training."""
+it, while `skip_bad_rows` (JPEG and WebP bitstreams decoded by the pass) or `vqa_image_check: decode` finds it before
+training."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def short_bitstream() -> bytes:
     return b"RIFF" + struct.pack("<I", 12 + keep) + b"WEBPVP8 " + struct.pack("<I", keep) + whole[20 : 20 + keep]
 
 
-def vqa_args(folder: Path, images: dict[str, bytes], *keys: str) -> TaskArguments:
+def vqa_args(folder: Path, images: dict[str, bytes], *keys: str, skip: bool = True) -> TaskArguments:
     features = datasets.Features(
         {"id": datasets.Value("string"), "image": datasets.Image(), "question": datasets.Value("string"),
          "answer": datasets.Value("string")}
@@ -114,7 +115,7 @@ def vqa_args(folder: Path, images: dict[str, bytes], *keys: str) -> TaskArgument
             for name, data in images.items()]  # fmt: skip
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(folder / "train.parquet"))
     argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", "null", "--vqa_id_column", "id",
-            "--vqa_answer_type", "number", "--use_cpu", "true", "--skip_bad_rows", "true", *keys]  # fmt: skip
+            "--vqa_answer_type", "number", "--use_cpu", "true", "--skip_bad_rows", str(skip), *keys]  # fmt: skip
     return parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)[0]
 
 
@@ -133,16 +134,32 @@ def test_a_cut_or_damaged_file_is_refused_by_the_pass_without_decoding(
         assert any("image file is truncated" in line for line in caplog.messages)
 
 
-def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_with_decode(tmp_path: Path) -> None:
+def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_is_skipped_by_the_pass(tmp_path: Path) -> None:
     files = {"whole": damaged("WEBP")["whole"], "inside": short_bitstream()}
     with pytest.raises(OSError):
         Image.open(io.BytesIO(files["inside"])).load()  # it really does not decode
-    rows = get_dataset(vqa_args(tmp_path / "structure", files), "train", 10_000)
+    # Without skip_bad_rows the pass reads the container only; the row fails when read, naming it.
+    rows = get_dataset(vqa_args(tmp_path / "structure", files, skip=False), "train", 10_000)
     assert len(rows) == 2 and rows[0]["id"] == "whole"
-    with pytest.raises(VQADataError, match=r"VQA row id='inside': its image does not decode .* vqa_image_check: "):
+    with pytest.raises(VQADataError, match=r"VQA row id='inside': its image does not decode .* skip_bad_rows: true"):
         rows[1]
-    rows = get_dataset(vqa_args(tmp_path / "decode", files, "--vqa_image_check", "decode"), "train", 10_000)
-    assert len(rows) == 1 and rows[0]["id"] == "whole"
+    # Under skip_bad_rows a row found bad when read could not be skipped: the pass decodes the bitstream and skips it.
+    for name, keys in (("skip", ()), ("decode", ("--vqa_image_check", "decode"))):
+        rows = get_dataset(vqa_args(tmp_path / name, files, *keys), "train", 10_000)
+        assert len(rows) == 1 and rows[0]["id"] == "whole"
+
+
+def test_a_jpeg_that_only_decoding_refuses_is_skipped_by_the_pass_under_skip_bad_rows(tmp_path: Path) -> None:
+    whole = damaged("JPEG")["whole"]
+    table = whole.index(b"\xff\xc4")  # the first Huffman table: counts that promise more codes than it holds
+    bogus = whole[: table + 5] + b"\xff" * 16 + whole[table + 21 :]
+    with pytest.raises(OSError):
+        Image.open(io.BytesIO(bogus)).load()
+    files = {"whole": whole, "bogus": bogus}
+    assert len(get_dataset(vqa_args(tmp_path / "structure", files, skip=False), "train", 10_000)) == 2
+    rows = get_dataset(vqa_args(tmp_path / "skip", files), "train", 10_000)
+    assert list(rows["id"]) == ["whole"]
+    assert rows[0]["image"].size == Image.open(io.BytesIO(whole)).size  # the draft decode left the size as read
 
 
 def test_an_unknown_image_check_is_refused() -> None:
