@@ -3,8 +3,8 @@ or a list of images per row) prepared by `get_dataset` in a fresh process per st
 `recipes/train.py` run on it.
 
     python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
-        [--row-group-rows 100] [--train-steps 2 [--token-check-samples 32]] [--scratch DIR [--reuse-cache]]
-        [--json FILE] [--quick]
+        [--row-group-rows 100] [--loader-epochs 2] [--train-steps 2 [--token-check-samples 32]]
+        [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
 
 The source is one `train.parquet` written by `datasets`' `to_parquet` in row groups of `--row-group-rows` rows (100:
 as earlier `datasets` releases wrote image datasets for the Hub, `config.PARQUET_ROW_GROUP_SIZE_FOR_IMAGE_DATASETS`,
@@ -12,14 +12,16 @@ and as the warning for large row groups advises; 0: the installed `datasets`' ow
 100 MB, which `datasets` converts to its Arrow cache a whole row group at a time, so that first start's memory grows
 with the row group).
 
-Printed per size: seconds of the first start (the checking pass, including `datasets`' own conversion of the
-parquet file to its Arrow cache) and of the second (the cache read), rows/s of the pass, the process's peak RSS split
-into its anonymous part (memory the process owns) and its file-backed part (pages of memory-mapped files it read,
-which the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with
-`--train-steps`, the training process's peak RSS and seconds from its start to its first step, first and second
-start. `--scratch` keeps the generated sources there (reused by a later call with the same settings); by default
-they live in a temporary folder that is removed. With `--reuse-cache` it keeps each size's datasets cache too, and a
-later call that finds it measures second starts only (a 20,000-row first start takes minutes).
+Printed per size: seconds of the first start (the checking pass, including `datasets`' own conversion of the parquet
+file to its Arrow cache) and of the second (the cache read), rows/s of the pass, the process's peak RSS split into
+its anonymous part (memory the process owns) and its file-backed part (pages of memory-mapped files it read, which
+the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with `--train-steps`,
+the training process's peak RSS and seconds from its start to its first step, first and second start.
+`--loader-epochs` reads the rows that many epochs as the training loader does (shuffled batches, no model) and
+prints its RSS growth from after its first 50 batches to the end. `--scratch` keeps the generated sources there
+(reused by a later call with the same settings); by default they live in a temporary folder that is removed. With
+`--reuse-cache` it keeps each size's datasets cache too, and a later call that finds it measures second starts only
+(a 20,000-row first start takes minutes).
 """
 
 from __future__ import annotations
@@ -74,6 +76,33 @@ for _ in range(int(sys.argv[2])):
     after = status()
     print(json.dumps({"seconds": seconds, "peak_rss_mib": after["VmHWM"], "imports_rss_mib": before["VmHWM"],
                       "peak_anon_mib": peaks["RssAnon"], "peak_file_mib": peaks["RssFile"]}))
+"""
+# The loader child: the rows as training reads them (shuffled batches through `__getitems__`, GRPO's identity
+# collator, the main process reading as with `dataloader_num_workers: 0`) for some epochs, with the process's RSS
+# after its first 50 batches and at the end. The model is left out: its memory does not grow with the rows read.
+LOADER = """
+import json, sys
+from pathlib import Path
+import torch
+
+def rss():
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024
+
+from trl import GRPOConfig, ModelConfig
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.data import get_dataset
+args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[3:])[0]
+rows = get_dataset(args, "train", int(sys.argv[1]))
+torch.manual_seed(0)
+loader = torch.utils.data.DataLoader(rows, batch_size=8, shuffle=True, collate_fn=list)
+read, after_50 = 0, None
+for _ in range(int(sys.argv[2])):
+    for batch in loader:
+        read += len(batch)
+        after_50 = rss() if after_50 is None and read >= 50 * 8 else after_50
+print(json.dumps({"rows_read": read, "rss_after_50_batches_mib": after_50, "rss_end_mib": rss()}))
 """
 
 
@@ -184,6 +213,11 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
         "rows_cache_mb": disk_mb(cache / "vision_grpo_rows"),
         "source_arrow_mb": disk_mb(cache) - disk_mb(cache / "vision_grpo_rows"),
     }
+    if args.loader_epochs:
+        argv = ["--config", str(RECIPE), *recipe_keys(folder)]
+        env = {"HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        done = check(run_measured(["-c", LOADER, str(MAX_PIXELS), str(args.loader_epochs), *argv], 7200, env), "loader")
+        figures["loader"] = json.loads(done.output.strip().splitlines()[-1])
     if args.train_steps:
         runs = scratch / f"runs-{name}"
         shutil.rmtree(runs, ignore_errors=True)
@@ -238,6 +272,9 @@ def main() -> None:
     parser.add_argument(
         "--row-group-rows", type=int, default=100, help="rows per row group of the source (0: datasets' default)"
     )
+    parser.add_argument(
+        "--loader-epochs", type=int, default=0, help="also read the rows this many epochs as the training loader does"
+    )
     parser.add_argument("--train-steps", type=int, default=0, help="also time recipes/train.py runs")
     parser.add_argument(
         "--token-check-samples", type=int, default=32, help="the training runs' token_check_samples (-1: every prompt)"
@@ -266,6 +303,18 @@ def main() -> None:
     described = f"{args.format} {args.width}x{args.height}, {args.images} image(s) per row, row groups of {groups}"
     print(f"data_scale: {described}, max_pixels {MAX_PIXELS}; {machine()}")
     print(table(results), flush=True)
+    size = f"{args.width * args.height / 1e6:.1f} MP ({args.format.lower()}, {args.images} image(s) a row)"
+    for r in results:
+        if r["pass_rows_per_s"]:
+            print(f"checking pass: {r['pass_rows_per_s']:.0f} rows/s at {size}, {r['rows']} rows")
+        print(f"second start: {r['second']['seconds']:.1f} s, {r['rows']} rows")
+        if "loader" in r:
+            loader = r["loader"]
+            growth = loader["rss_end_mib"] - loader["rss_after_50_batches_mib"]
+            print(
+                f"loader RSS growth over {loader['rows_read']} rows read: {growth:.0f} MiB (after 50 batches "
+                f"{loader['rss_after_50_batches_mib']:.0f} MiB, at the end {loader['rss_end_mib']:.0f} MiB)"
+            )
     report("data_scale", {"setting": described, "sizes": results}, args.json)
 
 
