@@ -35,8 +35,9 @@ import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
 from filelock import FileLock
 
+from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
-from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message, is_full_disk
+from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message, is_full_disk, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +87,7 @@ def files_digest(paths: list[Path]) -> str:
         else:
             content = file_sha256(path)
             memo_dir.mkdir(parents=True, exist_ok=True)
-            temporary = memo.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(content)
-            temporary.replace(memo)
+            write_text_atomic(memo, content)
         digest.update(f"{path.name}:{content}\n".encode())
     return digest.hexdigest()[:16]
 
@@ -193,6 +192,7 @@ def checked_rows(
                 desc=f"checking {what} rows",
             )
             if not cached:
+                crash_point(f"{cache.name} written by datasets, not yet sealed")
                 seal(cache, key=key, rows=len(source))
         seconds = time.perf_counter() - started
     if cached:

@@ -55,6 +55,7 @@ from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.files import permissions_as_created
 from vision_grpo.run.manifest import read_manifest
+from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import naming_a_full_disk
 
 logger = logging.getLogger("vision_grpo.export")
@@ -164,6 +165,7 @@ def _export(
     try:
         with naming_a_full_disk(output, weights):  # a full disk: named, and the staging folder removed below
             model.save_pretrained(staging, max_shard_size=args.max_shard_size)
+        crash_point(f"{output.name}: merged weights saved in the staging folder")
         processor.save_pretrained(staging)
         # The image processor's own file too, as Hub Qwen-VL checkpoints ship it: a processor saved without its
         # video part (no torchvision) is then still loadable by vLLM's AutoProcessor, which falls back to it.
@@ -193,7 +195,9 @@ def _export(
         permissions_as_created(staging)
         if output.exists():
             output.rmdir()  # empty (checked above)
+        crash_point(f"{output.name}: staging folder complete, not yet renamed")
         staging.rename(output)
+        crash_point(f"{output.name}: renamed into place")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from vision_grpo.storage.crash_points import crash_point
+
 # A write that found no room: the device is full, or the user's quota is.
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
@@ -105,7 +107,9 @@ def write_text_atomic(path: Path, text: str) -> None:
         with naming_a_full_disk(path, len(data)), tmp.open("xb") as sink:  # the umask applies, as for any file
             sink.write(data)
             sink.flush()
+        crash_point(f"{path.name} written, not yet renamed")
         tmp.replace(path)
+        crash_point(f"{path.name} renamed into place")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -119,6 +123,7 @@ def append_bytes(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[sink.write(view) :]
+    crash_point(f"{path.name} appended")
 
 
 def file_sha256(path: Path) -> str:

@@ -18,6 +18,7 @@ from trl.trainer.utils import RepeatSampler
 from vision_grpo.models.shared_prefill import share_prefill
 from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
+from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
@@ -65,6 +66,7 @@ class VisionGRPOTrainer(GRPOTrainer):
         try:
             with naming_a_full_disk(folder, checkpoint_bytes(folder.parent, self.model)):
                 super()._save_checkpoint(model, trial)
+            crash_point(f"{folder.name} saved by the Trainer, no checksums yet")
         except DiskFull:
             if not existed and self.is_world_process_zero():  # one remover: another rank may still be writing
                 shutil.rmtree(folder, ignore_errors=True)
