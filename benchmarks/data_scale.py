@@ -17,11 +17,11 @@ file to its Arrow cache) and of the second (the cache read), rows/s of the pass,
 its anonymous part (memory the process owns) and its file-backed part (pages of memory-mapped files it read, which
 the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with `--train-steps`,
 the training process's peak RSS and seconds from its start to its first step, first and second start.
-`--loader-epochs` reads the rows that many epochs as the training loader does (shuffled batches, no model) and
-prints its RSS growth from after its first 50 batches to the end. `--scratch` keeps the generated sources there
-(reused by a later call with the same settings); by default they live in a temporary folder that is removed. With
-`--reuse-cache` it keeps each size's datasets cache too, and a later call that finds it measures second starts only
-(a 20,000-row first start takes minutes).
+`--loader-epochs` reads the rows that many epochs as the training loader does (shuffled batches, no model), with and
+without the loader's page release, and prints its RSS growth from after its first 50 batches to the end. `--scratch`
+keeps the generated sources there (reused by a later call with the same settings); by default they live in a
+temporary folder that is removed. With `--reuse-cache` it keeps each size's datasets cache too, and a later call
+that finds it measures second starts only (a 20,000-row first start takes minutes).
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ for _ in range(int(sys.argv[2])):
 """
 # The loader child: the rows as training reads them (shuffled batches through `__getitems__`, GRPO's identity
 # collator, the main process reading as with `dataloader_num_workers: 0`) for some epochs, with the process's RSS
-# after its first 50 batches and at the end. The model is left out: its memory does not grow with the rows read.
+# (and its file-backed part) before reading, after its first 50 batches and at the end; `unreleased` patches the
+# loader's page release out, for the comparison. The model is left out: its memory does not grow with the rows read.
 LOADER = """
 import json, sys
 from pathlib import Path
@@ -87,22 +88,24 @@ import torch
 
 def rss():
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "RssFile")}
 
 from trl import GRPOConfig, ModelConfig
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
-from vision_grpo.data import get_dataset
-args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[3:])[0]
+from vision_grpo.data import get_dataset, prepared
+if sys.argv[3] == "unreleased":
+    prepared._ReleasingReads.__call__ = lambda self, batch: self.decode(batch)
+args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[4:])[0]
 rows = get_dataset(args, "train", int(sys.argv[1]))
 torch.manual_seed(0)
 loader = torch.utils.data.DataLoader(rows, batch_size=8, shuffle=True, collate_fn=list)
-read, after_50 = 0, None
+read, before, after_50 = 0, rss(), None
 for _ in range(int(sys.argv[2])):
     for batch in loader:
         read += len(batch)
         after_50 = rss() if after_50 is None and read >= 50 * 8 else after_50
-print(json.dumps({"rows_read": read, "rss_after_50_batches_mib": after_50, "rss_end_mib": rss()}))
+print(json.dumps({"rows_read": read, "before": before, "after_50_batches": after_50, "end": rss()}))
 """
 
 
@@ -216,8 +219,11 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
     if args.loader_epochs:
         argv = ["--config", str(RECIPE), *recipe_keys(folder)]
         env = {"HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-        done = check(run_measured(["-c", LOADER, str(MAX_PIXELS), str(args.loader_epochs), *argv], 7200, env), "loader")
-        figures["loader"] = json.loads(done.output.strip().splitlines()[-1])
+        figures["loader"] = {}
+        for way in ("released", "unreleased"):
+            command = ["-c", LOADER, str(MAX_PIXELS), str(args.loader_epochs), way, *argv]
+            done = check(run_measured(command, 7200, env), "loader")
+            figures["loader"][way] = json.loads(done.output.strip().splitlines()[-1])
     if args.train_steps:
         runs = scratch / f"runs-{name}"
         shutil.rmtree(runs, ignore_errors=True)
@@ -308,13 +314,14 @@ def main() -> None:
         if r["pass_rows_per_s"]:
             print(f"checking pass: {r['pass_rows_per_s']:.0f} rows/s at {size}, {r['rows']} rows")
         print(f"second start: {r['second']['seconds']:.1f} s, {r['rows']} rows")
-        if "loader" in r:
-            loader = r["loader"]
-            growth = loader["rss_end_mib"] - loader["rss_after_50_batches_mib"]
-            print(
-                f"loader RSS growth over {loader['rows_read']} rows read: {growth:.0f} MiB (after 50 batches "
-                f"{loader['rss_after_50_batches_mib']:.0f} MiB, at the end {loader['rss_end_mib']:.0f} MiB)"
+        for way, loader in r.get("loader", {}).items():
+            growth = loader["end"]["VmRSS"] - loader["after_50_batches"]["VmRSS"]
+            points = ", ".join(
+                f"{name} {loader[point]['VmRSS']:.0f} / {loader[point]['RssFile']:.0f}"
+                for name, point in (("before", "before"), ("after 50 batches", "after_50_batches"), ("end", "end"))
             )
+            print(f"loader RSS growth over {loader['rows_read']} rows read ({way}): {growth:.0f} MiB (VmRSS / "
+                  f"file-backed MiB: {points})")  # fmt: skip
     report("data_scale", {"setting": described, "sizes": results}, args.json)
 
 
