@@ -130,6 +130,11 @@ ENTRY_POINT_CASES = {
         RecipeError,
         r"max_steps must be at least -1, got -5; .*\(-1, the default, trains num_train_epochs\)",
     ),
+    "negative rank_stall_timeout": (
+        ["--rank_stall_timeout", "-1"],
+        RecipeError,
+        r"rank_stall_timeout must be at least 0, got -1; set `rank_stall_timeout` to 0 or more \(0 turns the watch",
+    ),
     "negative max_pixels": (
         ["--max_pixels", "-5"],
         RecipeError,

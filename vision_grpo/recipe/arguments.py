@@ -16,6 +16,9 @@ from vision_grpo.plugins.tasks import TaskPluginError, discover, task_of
 # The logprob-gap guard's default (nats; vision_grpo/training/logprob_guard.py). Why this value: docs/evaluation.md,
 # "The logprob-gap guard". A recipe key's default, so it lives with the keys.
 LOGPROB_GAP_THRESHOLD = 0.08
+# A rank's heartbeat stops only when its whole process stops, so this needs no room for long steps or a long hash on
+# the main process; it is room for a process starved of CPU, or a C call holding the GIL, on a loaded machine.
+RANK_STALL_TIMEOUT = 300
 
 
 class RecipeError(ValueError):
@@ -102,6 +105,14 @@ class BaseTaskArguments:
     # Memory plan (vision_grpo/plan/), printed at the start of every run.
     memory_plan_check: bool = field(
         default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present (false: warn only)."}
+    )
+    # Several processes (vision_grpo/run/rank_watch.py).
+    rank_stall_timeout: int = field(
+        default=RANK_STALL_TIMEOUT,
+        metadata={
+            "help": "Seconds a rank may go without answering (stopped, hung, gone) before the others end the launch "
+            "naming it (0: off, wait for the process group's timeout, ddp_timeout)."
+        },
     )
     # Reusing a run folder.
     overwrite_run: bool = field(

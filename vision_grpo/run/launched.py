@@ -76,13 +76,18 @@ def errors_named_first() -> Iterator[None]:
     except Exception as error:
         if not launched():
             raise
-        message = f"{type(error).__name__}: {error}"
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        if report := os.environ.get("TORCHELASTIC_ERROR_FILE"):  # set by torch's agent for each worker
-            Path(report).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
+        report_error(f"{type(error).__name__}: {error}")
         if not raised_on_purpose(error):
             raise
         sys.exit(1)
+
+
+def report_error(message: str) -> None:
+    """Print `message` as one line, `error: <message>`, and hand it to torch's elastic report, which shows it as the
+    root cause (`errors_named_first`; vision_grpo/run/rank_watch.py when a rank stalls)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if report := os.environ.get("TORCHELASTIC_ERROR_FILE"):  # set by torch's agent for each worker
+        Path(report).write_text(json.dumps({"message": message, "timestamp": int(time.time())}))
 
 
 def raised_on_purpose(error: BaseException) -> bool:

@@ -33,6 +33,7 @@ from vision_grpo.run.manifest import (
     write_run_end,
     write_run_start,
 )
+from vision_grpo.run.rank_watch import RankWatch, watch_ranks
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
 from vision_grpo.run.resume import RunConflict, check_resume, finished_step, resume_checkpoint
 from vision_grpo.run.threads import configure_threads
@@ -59,6 +60,7 @@ class RecipeRun:
     finished: bool = False
     model_weights: dict[str, Any] | None = None  # the model by content (main process): checked on resume, recorded
     lock: ExitStack = field(default_factory=ExitStack)  # the run folder's lock (main process), held until `close`
+    watch: RankWatch | None = None  # this rank's heartbeat and its watch on the others (several processes)
 
     @classmethod
     def start(cls, trainer_config_cls: type, argv: list[str]) -> RecipeRun:
@@ -79,11 +81,13 @@ class RecipeRun:
         configs = parse_recipe((TaskArguments, trainer_config_cls, ModelConfig), argv)
         task_args, training_args, model_args = configs
         configure_threads()
+        # Parsing set up the process group: from here on a rank that stalls is named, even in the broadcasts below.
+        watch = watch_ranks(task_args.rank_stall_timeout)
         recipe_path = recipe_path_of(argv)
         output_dir = Path(training_args.output_dir)
         run_dir = prepare_run_dir(training_args, Path(recipe_path).stem if recipe_path else "cli")
         is_main = PartialState().is_main_process
-        run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, None, is_main)
+        run = cls(task_args, training_args, model_args, argv, recipe_path, run_dir, None, is_main, watch=watch)
 
         def claim() -> None:
             check_local_model_path(model_args.model_name_or_path)
@@ -120,6 +124,7 @@ class RecipeRun:
     def __exit__(self, *exc_info: Any) -> None:
         """Release the run folder's lock however the run ended (a failure before training leaves no trace)."""
         self.lock.close()
+        self.stop_watch()
 
     def train_and_save(self, trainer: Any, processor: Any) -> Path:
         """Record the run, train (resuming if asked), save the model or adapter and the processor, close the record."""
@@ -157,9 +162,14 @@ class RecipeRun:
         can abort the process with "terminate called without an active exception" (gloo on CPU)."""
         state = PartialState()
         state.wait_for_everyone()
+        self.stop_watch()  # every rank is past its last collective: one that leaves first has not stalled
         state.destroy_process_group()
         self.lock.close()
         return self.run_dir
+
+    def stop_watch(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
 
 
 def check_local_model_path(name: str) -> None:

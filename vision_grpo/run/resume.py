@@ -112,6 +112,7 @@ RESUME_FREE_KEYS = frozenset(
         "log_completions",
         "num_completions_to_print",
         "dataloader_num_workers",
+        "rank_stall_timeout",
     }
 )
 
