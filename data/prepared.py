@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from datasets.fingerprint import Hasher
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
@@ -174,9 +174,7 @@ def checked_rows(
     key = Hasher.hash([source_key or source._fingerprint, deciding])
     cache = Path(datasets.config.HF_DATASETS_CACHE) / ROWS_CACHE / f"{key}.arrow"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    # The lock: two launches preparing one key at once (the demo's two experiments) - without it, one could find the
-    # other's cache written but not yet sealed, remove it as damaged, and the other's seal would find no file.
-    with _one_process_per_node() as who, FileLock(str(cache) + ".lock"):
+    with _one_process_per_node() as who, _key_lock(cache):
         cached = _trusted(cache, key, len(source))
         started = time.perf_counter()
         with _full_disk_estimated(cache, source, check, deciding, features):
@@ -217,6 +215,26 @@ def checked_rows(
     if bad:
         checked = checked.select(usable)
     return checked.remove_columns(ERROR), bad
+
+
+@contextlib.contextmanager
+def _key_lock(cache: Path) -> Iterator[None]:
+    """Hold the rows cache's lock (one per key) while its file is checked, built and sealed. Two launches preparing
+    one key at once (the demo's two experiments) build it once, the second reads the first's; and no process finds
+    the file between a rebuild's removal of a damaged one and its seal (without the lock, one could remove the
+    other's file, written but not yet sealed, as damaged, and the other's seal would find no file). `datasets`
+    writes the file under a temporary name and renames it, so its path never holds half a file. A process that has
+    to wait says so, naming the file: the holder may be a launch that was stopped, which holds it until it ends."""
+    lock = FileLock(str(cache) + ".lock")
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        logger.warning("the rows cache %s is being prepared by another process: waiting for it to finish", cache)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def image_sizes(rows: Any) -> list[list[tuple[int, int]]] | None:

@@ -1,11 +1,14 @@
 """The checking pass runs once and is cached (data/prepared.py): a second start reads the cache, a key that does not
-decide the rows reuses it, a deciding key or an edited source rebuilds it; a resume notices data edited in place."""
+decide the rows reuses it, a deciding key or an edited source rebuilds it; a resume notices data edited in place;
+two launches at once on one key build it once, and a reader arriving during a rebuild waits and reads it whole."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import datasets
@@ -20,6 +23,7 @@ from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.run.resume import RunConflict
+from vision_grpo.storage.seals import seal_fault
 
 MAX_PIXELS = 168 * 168
 
@@ -121,3 +125,98 @@ def test_an_undecoded_image_column_is_not_cast_again(feature) -> None:
     """Casting a list-of-images column makes `datasets` write a copy of every image: a column that is already
     undecoded (the VQA task casts its source once) must come back as it is, so the pass joins it without a copy."""
     assert prepared.undecoded(feature) is feature
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Two launches at once on one key (data/prepared.py's lock per key): separate processes, each a whole launch of one.
+
+CONCURRENT = """
+import glob, json, logging, sys, time
+from pathlib import Path
+import datasets
+from trl import GRPOConfig, ModelConfig
+from vision_grpo.data import get_dataset
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
+
+name, sync, cache, start_when = sys.argv[1:5]
+datasets.config.HF_DATASETS_CACHE = cache  # the test's own cache (an HF_ variable would need a fresh interpreter)
+logging.basicConfig(level=logging.INFO, format=f"{name} %(name)s: %(message)s")
+args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[5:])[0]
+Path(sync, name).touch()  # ready: imports and parsing done
+deadline = time.monotonic() + 120
+while not glob.glob(start_when):
+    if time.monotonic() > deadline:
+        sys.exit(f"{name}: {start_when} never appeared")
+    time.sleep(0.005)
+started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the machine
+rows = get_dataset(args, "train", 28224)
+print(json.dumps({"rows": len(rows), "ids": list(rows["id"]), "started": started, "ended": time.monotonic()}))
+"""
+ROWS = 2000  # a pass of about a second: long enough for the other process to arrive while it runs
+
+
+def prepare_at_once(tmp_path: Path, folder: Path, cache: Path, start_when: dict[str, str]) -> dict[str, dict]:
+    """Run the pass in one process per entry of `start_when` (name: the glob it starts at), all at once: each starts
+    when its glob matches, after all are ready and `<tmp_path>/go` exists. Returns each one's rows, times and log."""
+    script, sync = tmp_path / "prepare.py", tmp_path / "sync"
+    script.write_text(CONCURRENT)
+    sync.mkdir()
+    with ThreadPoolExecutor(len(start_when)) as pool:
+        runs = {
+            name: pool.submit(run_script, [str(script), name, str(sync), str(cache), glob, *recipe(folder)], 120)
+            for name, glob in start_when.items()
+        }
+        deadline = time.monotonic() + 120
+        while len(list(sync.iterdir())) < len(runs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        done = {name: run.result() for name, run in runs.items()}
+    return {name: {**json.loads(run.stdout.splitlines()[-1]), "log": run.stderr} for name, run in done.items()}
+
+
+def one_sealed_cache(cache: Path) -> None:
+    rows_dir = cache / prepared.ROWS_CACHE
+    (arrow,) = rows_dir.glob("*.arrow")
+    assert seal_fault(arrow, key=arrow.stem, rows=ROWS) is None
+    assert not list(rows_dir.glob("tmp*")), "a half-written file was left"
+
+
+def test_two_launches_preparing_one_key_at_once_build_one_cache_and_both_read_it(tmp_path: Path) -> None:
+    folder = write_source(tmp_path / "data", [str(i % 10) for i in range(ROWS)])
+    cache = tmp_path / "datasets"
+    go = str(tmp_path / "go")
+    runs = prepare_at_once(tmp_path, folder, cache, {"A": go, "B": go})
+    built = [name for name, run in runs.items() if f"checked {ROWS} rows (" in run["log"]]
+    assert len(built) == 1, "the pass ran more than once"
+    (builder,) = built
+    (reader,) = set(runs) - {builder}
+    assert f"{ROWS} checked rows read from the cache" in runs[reader]["log"]
+    assert "is being prepared by another process: waiting for it to finish" in runs[reader]["log"]
+    assert runs[reader]["started"] < runs[builder]["ended"], "the two did not run at once"
+    assert runs["A"]["rows"] == runs["B"]["rows"] == ROWS and runs["A"]["ids"] == runs["B"]["ids"]
+    one_sealed_cache(cache)
+
+
+def test_a_reader_arriving_while_a_damaged_cache_is_rebuilt_waits_and_reads_the_whole_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader starts once the rebuild's temporary file exists (the rebuild is under way): it waits for the
+    seal, then reads every row, and nothing rebuilds it twice."""
+    folder = write_source(tmp_path / "data", [str(i % 10) for i in range(ROWS)])
+    cache = tmp_path / "datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), recipe(folder))[0]
+    assert len(get_dataset(args, "train", 28224)) == ROWS
+    (arrow,) = (cache / prepared.ROWS_CACHE).glob("*.arrow")
+    with arrow.open("r+b") as file:
+        file.truncate(4096)
+    start_when = {"rebuilder": str(tmp_path / "go"), "reader": str(cache / prepared.ROWS_CACHE / "tmp*")}
+    runs = prepare_at_once(tmp_path, folder, cache, start_when)
+    assert f"the rows cache {arrow} cannot be used" in runs["rebuilder"]["log"]
+    assert f"checked {ROWS} rows (" in runs["rebuilder"]["log"]
+    assert f"{ROWS} checked rows read from the cache" in runs["reader"]["log"], "the reader rebuilt it too"
+    assert "is being prepared by another process: waiting" in runs["reader"]["log"]
+    assert runs["reader"]["rows"] == runs["rebuilder"]["rows"] == ROWS
+    assert runs["reader"]["ids"] == runs["rebuilder"]["ids"]
+    one_sealed_cache(cache)
