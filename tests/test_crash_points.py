@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 from test_data_cache import recipe, write_source
+from test_evaluate import SHAPES_RECIPE
+
+from vision_grpo.evaluation.evaluate import TIMING_KEYS
+from vision_grpo.evaluation.results import partial_path
 
 CRASH_AT, CRASH_LOG = "VISION_GRPO_CRASH_AT", "VISION_GRPO_CRASH_LOG"
 
@@ -68,3 +72,47 @@ def test_the_checking_pass_killed_at_every_write_gives_the_same_rows_on_rerun(tm
         again = run_script(argv(cache, tmp_path / "again.json"), env={CRASH_LOG: str(tmp_path / f"after-{k}.log")})
         assert again.returncode == 0 and not (tmp_path / f"after-{k}.log").exists(), "the rerun left no sealed cache"
     print(f"checking pass: {len(names)} crash points, all tried: {names}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The evaluator: the partial records file, each round's append, the result JSON.
+
+
+@pytest.mark.slow
+def test_an_evaluation_killed_at_every_write_resumes_to_the_same_records_once_each(tmp_path: Path) -> None:
+    def argv(output: Path, *extra: str) -> list[str]:
+        return [
+            "eval/evaluate.py", "--config", SHAPES_RECIPE, "--limit", "5", "--batch_size", "1",
+            "--max_new_tokens", "8", "--output", str(output), *extra,
+        ]  # fmt: skip
+
+    def result(output: Path) -> dict:
+        """The result without its timings, and with its own path in the recorded argv named `<output>`."""
+        content = json.loads(output.read_text(encoding="utf-8"))
+        for key in TIMING_KEYS:
+            content["summary"].pop(key)
+        recorded = content["metadata"]["argv"]
+        content["metadata"]["argv"] = ["<output>" if arg == str(output) else arg for arg in recorded]
+        return content
+
+    # Counted on a second run: the first builds the embedded replica and the rows cache, which later runs only read.
+    run_script(argv(tmp_path / "first.json"))
+    whole = tmp_path / "whole.json"
+    names = crash_points(argv(whole), tmp_path / "points.log")
+    expected = result(whole)
+    assert len(expected["records"]) == 5
+    for k in range(1, len(names) + 1):
+        output = tmp_path / f"eval-{k}.json"
+        crashed_at(argv(output), k)
+        partial = partial_path(output)
+        if partial.exists():
+            lines = partial.read_text(encoding="utf-8").splitlines()[1:]
+            ids = [json.loads(line)["id"] for line in lines]
+            assert len(ids) == len(set(ids)), f"a record written twice before the crash at {k}: {ids}"
+        rerun = run_script(argv(output, "--resume"), check=False)
+        assert rerun.returncode == 0, f"the rerun after a crash at {k} ({names[k - 1]}) failed:\n{rerun.stderr[-3000:]}"
+        got = result(output)
+        assert [r["id"] for r in got["records"]] == [r["id"] for r in expected["records"]], f"crash at {k}"
+        assert got == expected, f"other records after a crash at {k} ({names[k - 1]})"
+        assert not partial.exists()
+    print(f"evaluation: {len(names)} crash points, all tried: {names}")

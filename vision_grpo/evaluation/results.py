@@ -140,6 +140,21 @@ def evaluation_inputs(
     }
 
 
+def finished_from(partial: Path, output: Path) -> bool:
+    """Whether `output` is the finished result of the run whose records `partial` holds (its settings header is the
+    result's metadata). A run writes its result and then removes its partial file, so a stop between the two leaves
+    both: `--resume` then takes every record from the partial file, evaluates nothing and writes the same result."""
+    if not partial.exists():
+        return False
+    with partial.open("rb") as source:
+        first = source.readline()
+    try:
+        header = json.loads(first.decode("utf-8"))
+        return isinstance(header, dict) and header.get("metadata") == json.loads(output.read_bytes())["metadata"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
+        return False
+
+
 def check_output(eval_args: EvalArguments) -> None:
     """Refuse to replace anything but a result, and a finished result or an interrupted run's records without
     `--overwrite`."""
@@ -148,7 +163,7 @@ def check_output(eval_args: EvalArguments) -> None:
     check_replaceable(output)
     if eval_args.overwrite:
         return
-    if output.exists():
+    if output.exists() and not (eval_args.resume and finished_from(partial, output)):
         raise OutputConflict(
             f"{output} already holds a result: pass --overwrite to replace it, or choose another --output"
         )
