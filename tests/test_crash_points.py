@@ -8,13 +8,18 @@ evaluation records once each, the same exported bytes, bit-identical weights.
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_script
+from safetensors.torch import load_file
 from test_data_cache import recipe, write_source
 from test_evaluate import SHAPES_RECIPE
+from test_resume import training_args
 
 from vision_grpo.evaluation.evaluate import TIMING_KEYS
 from vision_grpo.evaluation.results import partial_path
@@ -32,6 +37,14 @@ def crashed_at(argv: list[str], k: int, env: dict[str, str] | None = None) -> No
     """Run `argv`, killed at its k-th durable write."""
     killed = run_script(argv, env={**(env or {}), CRASH_AT: str(k)}, timeout=600, check=False)
     assert killed.returncode == -signal.SIGKILL, f"not killed at point {k}:\n{killed.stderr[-3000:]}"
+
+
+def sampled(count: int, size: int, seed: int) -> list[int]:
+    """Every point 1..count, or `size` of them drawn with `seed` (printed, so a failure can be replayed)."""
+    if count <= size:
+        return list(range(1, count + 1))
+    print(f"crash points: {size} of {count} sampled with seed {seed}")
+    return sorted(random.Random(seed).sample(range(1, count + 1), size))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -116,3 +129,49 @@ def test_an_evaluation_killed_at_every_write_resumes_to_the_same_records_once_ea
         assert got == expected, f"other records after a crash at {k} ({names[k - 1]})"
         assert not partial.exists()
     print(f"evaluation: {len(names)} crash points, all tried: {names}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training: the manifest and recipe copy, each checkpoint (the Trainer's files, then our checksums), the final save.
+
+STEPS = {"max_steps": "3", "save_steps": "1"}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "adapter_model.safetensors"))
+
+
+def resume_as_the_docs_say(argv: list[str], env: dict[str, str]) -> None:
+    """`--resume_from_checkpoint last`; where the run stopped before its first checkpoint, the message says to run
+    the interrupted command again, and that is run."""
+    resumed = run_script([*argv, "--resume_from_checkpoint", "last"], env=env, check=False)
+    if resumed.returncode != 0 and "no complete checkpoint in" in resumed.stderr:
+        resumed = run_script(argv, env=env, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def seed_of_this_run() -> int:
+    """`CRASH_POINTS_SEED` to replay a failure, else a new seed each run (printed), so runs cover more points."""
+    return int(os.environ.get("CRASH_POINTS_SEED") or random.SystemRandom().randrange(10**6))
+
+
+@pytest.mark.slow
+def test_training_killed_at_sampled_writes_resumes_to_bit_identical_weights(tmp_path: Path) -> None:
+    # Counted on a second run: the first writes the rows cache and the model's digest memo, which later runs read.
+    run_script(training_args(tmp_path, "first", **STEPS), env={"PROBE_LOG": str(tmp_path / "first.jsonl")})
+    whole = training_args(tmp_path, "whole", **STEPS)
+    names = crash_points(whole, tmp_path / "points.log", env={"PROBE_LOG": str(tmp_path / "probe.jsonl")})
+    expected = final_weights(tmp_path / "runs" / "whole")
+    assert any("no checksums yet" in name for name in names) and any("checksums.json" in name for name in names)
+    seed = seed_of_this_run()
+    chosen = sampled(len(names), int(os.environ.get("CRASH_POINTS_SAMPLE", "4")), seed)
+    for k in chosen:
+        argv = training_args(tmp_path, f"cut-{k}", **STEPS)
+        probe = {"PROBE_LOG": str(tmp_path / f"probe-{k}.jsonl")}
+        crashed_at(argv, k, env=probe)
+        resume_as_the_docs_say(argv, probe)
+        got = final_weights(tmp_path / "runs" / f"cut-{k}")
+        assert expected.keys() == got.keys()
+        same = all(torch.equal(expected[key], got[key]) for key in expected)
+        assert same, f"other weights after a crash at {k} ({names[k - 1]}), seed {seed}"
+    print(f"training: {len(names)} crash points, tried {chosen} (seed {seed}): {names}")

@@ -102,13 +102,15 @@ def _hardware() -> dict[str, Any]:
 
 
 def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], configs: tuple[Any, ...], **extra) -> None:
-    """Write `recipe.yaml` and `manifest.json` into the run folder.
+    """Write `manifest.json` and then `recipe.yaml` into the run folder (`START_FILES`).
 
+    The manifest first: a start killed between the two leaves a folder that is provably a run of ours and holds no
+    checkpoint, so the same command takes it over (a `recipe.yaml` without its manifest is not provably ours, and would
+    block the folder).
     A resumed run (`resumed_from` set) keeps the manifest's first start and adds this start to `resumes`.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = resolved_recipe(set_keys(recipe_path, argv), configs)
-    write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     earlier = read_manifest(run_dir) if extra.get("resumed_from") else None
     resumes = [] if earlier is None else [*earlier.get("resumes", []), {"at": now, "from": extra["resumed_from"]}]
@@ -127,6 +129,11 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
         **extra,
     }
     _write_json(run_dir / "manifest.json", manifest)
+    write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
+
+
+# What `write_run_start` writes, in this order.
+START_FILES = ("manifest.json", "recipe.yaml")
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
 from vision_grpo.run.checksums import CheckpointChecksums
 from vision_grpo.run.files import hold_lock
 from vision_grpo.run.manifest import (
+    START_FILES,
     dataset_identity,
     model_identity,
     read_manifest,
@@ -35,9 +36,9 @@ from vision_grpo.run.manifest import (
 )
 from vision_grpo.run.rank_watch import RankWatch, watch_ranks
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
-from vision_grpo.run.resume import RunConflict, check_resume, finished_step, resume_checkpoint
+from vision_grpo.run.resume import RunConflict, check_resume, checkpoint_fault, finished_step, resume_checkpoint
 from vision_grpo.run.threads import configure_threads
-from vision_grpo.storage.writes import naming_a_full_disk
+from vision_grpo.storage.writes import is_temporary_of, naming_a_full_disk
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,17 @@ def claim_run_dir(run_dir: Path, output_dir: Path, overwrite: bool) -> None:
     stopped before its first checkpoint has nothing to resume, and its folder is taken over. Called with the run
     folder's lock held: no other run is using it.
     """
-    held = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    entries = list(run_dir.iterdir()) if run_dir.is_dir() else []
+    leftovers = [path for path in entries if any(is_temporary_of(path, run_dir / name) for name in START_FILES)]
+    if leftovers and len(leftovers) == len(entries):  # a start killed before its manifest was renamed into place
+        logger.warning(
+            "run folder %s holds only the temporary files of a start that was stopped: removing %s",
+            run_dir,
+            ", ".join(sorted(path.name for path in leftovers)),
+        )
+        for path in leftovers:
+            path.unlink()
+    held = sorted(path.name for path in run_dir.iterdir()) if run_dir.is_dir() else []
     if not held:
         return
     fault = run_folder_fault(run_dir, output_dir)
@@ -241,11 +252,13 @@ FINAL_WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "model.safete
 
 
 def stopped_before_first_checkpoint(run_dir: Path) -> bool:
-    """A run of ours that never ended, left no checkpoint and no final weights: there is nothing in it to resume."""
+    """A run of ours that never ended, left no complete checkpoint and no final weights: there is nothing in it to
+    resume. A checkpoint that `resume_from_checkpoint last` would skip (killed while saving, before its checksums)
+    counts as none: otherwise neither a resume nor the same command could continue such a run."""
     manifest = read_manifest(run_dir) or {}
     return (
         manifest.get("ended") is None
-        and not any(run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"))
+        and all(checkpoint_fault(folder) for folder in run_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*"))
         and not any((run_dir / name).exists() for name in FINAL_WEIGHTS)
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -93,6 +94,21 @@ def naming_a_full_disk(path: Path, needed: int | None) -> Iterator[None]:
         if not is_full_disk(error, path, needed):
             raise
         raise DiskFull(errno.ENOSPC, full_disk_message(path, needed)) from error
+
+
+# The suffix `write_text_atomic` gives its temporary file: `.<pid>-<8 hex>.tmp`.
+TEMPORARY_SUFFIX = re.compile(r"\.[0-9]+-[0-9a-f]{8}\.tmp")
+
+
+def is_temporary_of(candidate: Path, path: Path) -> bool:
+    """Whether `candidate` is a temporary file of `write_text_atomic(path)`: one that a writer killed before its
+    rename left behind."""
+    name, stem = candidate.name, path.name
+    return (
+        candidate.parent == path.parent
+        and name.startswith(stem)
+        and bool(TEMPORARY_SUFFIX.fullmatch(name[len(stem) :]))
+    )
 
 
 def write_text_atomic(path: Path, text: str) -> None:
