@@ -10,16 +10,18 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import FAMILY_MODELS, run_script
+from lora_runs import lora_run
 from safetensors.torch import load_file
 from test_data_cache import recipe, write_source
 from test_evaluate import SHAPES_RECIPE
-from test_resume import training_args
+from test_resume import folder_bytes, training_args
 
 from vision_grpo.evaluation.evaluate import TIMING_KEYS
 from vision_grpo.evaluation.results import partial_path
@@ -175,3 +177,34 @@ def test_training_killed_at_sampled_writes_resumes_to_bit_identical_weights(tmp_
         same = all(torch.equal(expected[key], got[key]) for key in expected)
         assert same, f"other weights after a crash at {k} ({names[k - 1]}), seed {seed}"
     print(f"training: {len(names)} crash points, tried {chosen} (seed {seed}): {names}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The export: the merged weights in the staging folder, the staging folder complete, renamed to --output.
+
+
+@pytest.mark.slow
+def test_an_export_killed_at_every_write_gives_the_same_folder_on_rerun(tmp_path: Path) -> None:
+    run_dir = lora_run(tmp_path / "run", FAMILY_MODELS[0], SHAPES_RECIPE)
+    output = tmp_path / "exports" / "exported"  # one path for every run: the model card records the command
+    output.parent.mkdir()
+    argv = ["-m", "vision_grpo.export", "--adapter", str(run_dir), "--output", str(output), "--max_shard_size", "1MB"]
+    # Counted on a second export: the first remembers the base model's digest (digests.json), later ones read it.
+    run_script([*argv[:-3], str(tmp_path / "first"), *argv[-2:]])
+    names = crash_points(argv, tmp_path / "points.log")
+    expected = folder_bytes(output)
+    assert len(names) == 3, names
+    for k in range(1, len(names) + 1):
+        shutil.rmtree(output)
+        crashed_at(argv, k)
+        rerun = run_script(argv, check=False)  # the same command again
+        if k < len(names):
+            assert rerun.returncode == 0, f"the rerun after a crash at {k} ({names[k - 1]}) failed:\n{rerun.stderr}"
+        else:  # killed after the rename: the export is whole, and the rerun refuses to write over it
+            assert rerun.returncode != 0 and f"output {output} already holds something" in rerun.stderr
+        assert folder_bytes(output) == expected, f"another folder after a crash at {k} ({names[k - 1]})"
+        left = sorted(path.name for path in output.parent.iterdir())
+        # A lock file left by the kill after the rename is stale, taken over by the next export to this output.
+        kept = [output.name, f"{output.name}.lock"] if k == len(names) else [output.name]
+        assert left == kept, f"left beside --output after a crash at {k} and the rerun: {left}"
+    print(f"export: {len(names)} crash points, all tried: {names}")

@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from transformers.utils import cached_file
@@ -49,6 +48,7 @@ from vision_grpo.export.checks import (
     vision_lora_modules,
 )
 from vision_grpo.export.model_card import write_model_card
+from vision_grpo.export.staging import make_staging, marker_of, remove_staging, remove_stale_staging
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
@@ -121,6 +121,7 @@ def export(argv: list[str]) -> Path:
     output = Path(args.output)
     check_output_free(output)
     with hold_output(output):
+        remove_stale_staging(output)  # what an export to it that was killed left
         check_output_free(output)  # again, now that no other export can be writing it
         _export(args, argv, task_args, train_args, model_args)
     logger.info("exported %s to %s", args.adapter, output)
@@ -160,7 +161,7 @@ def _export(
             )
         model = load_verified_adapter(load_model(model_args, trust), adapter, merge=True)
     processor = get_processor(model_args, task_args, trust)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    staging = make_staging(output)
     weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     try:
         with naming_a_full_disk(output, weights):  # a full disk: named, and the staging folder removed below
@@ -197,9 +198,10 @@ def _export(
             output.rmdir()  # empty (checked above)
         crash_point(f"{output.name}: staging folder complete, not yet renamed")
         staging.rename(output)
+        marker_of(staging).unlink()
         crash_point(f"{output.name}: renamed into place")
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_staging(staging)
         raise
 
 
