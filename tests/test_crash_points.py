@@ -12,6 +12,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -143,12 +145,13 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "adapter_model.safetensors"))
 
 
-def resume_as_the_docs_say(argv: list[str], env: dict[str, str]) -> None:
+def resume_as_the_docs_say(argv: list[str], env: dict[str, str], timeout: float = 600) -> None:
     """`--resume_from_checkpoint last`; where the run stopped before its first checkpoint, the message says to run
-    the interrupted command again, and that is run."""
-    resumed = run_script([*argv, "--resume_from_checkpoint", "last"], env=env, check=False)
+    the interrupted command again, and that is run. Past `timeout` seconds the process is SIGKILLed
+    (`subprocess.TimeoutExpired`)."""
+    resumed = run_script([*argv, "--resume_from_checkpoint", "last"], env=env, check=False, timeout=timeout)
     if resumed.returncode != 0 and "no complete checkpoint in" in resumed.stderr:
-        resumed = run_script(argv, env=env, check=False)
+        resumed = run_script(argv, env=env, check=False, timeout=timeout)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
@@ -177,6 +180,41 @@ def test_training_killed_at_sampled_writes_resumes_to_bit_identical_weights(tmp_
         same = all(torch.equal(expected[key], got[key]) for key in expected)
         assert same, f"other weights after a crash at {k} ({names[k - 1]}), seed {seed}"
     print(f"training: {len(names)} crash points, tried {chosen} (seed {seed}): {names}")
+
+
+KILLS = 3
+
+
+@pytest.mark.slow
+def test_training_killed_at_random_moments_resumes_to_bit_identical_weights(tmp_path: Path) -> None:
+    """SIGKILLs at random moments, not at writes: each of KILLS starts (the first fresh, then resumes) is killed
+    after a delay drawn (seed printed) from the uninterrupted run's own duration, wherever it is then; a last resume
+    runs to the end. A start that ended before its delay is simply done (a later resume finds it finished)."""
+    probe = {"PROBE_LOG": str(tmp_path / "probe.jsonl")}
+    run_script(training_args(tmp_path, "first", **STEPS), env=probe)  # timed on a second run: caches built
+    began = time.monotonic()
+    run_script(training_args(tmp_path, "whole", **STEPS), env=probe)
+    took = time.monotonic() - began
+    expected = final_weights(tmp_path / "runs" / "whole")
+    seed = seed_of_this_run()
+    draw = random.Random(seed)
+    delays = [round(draw.uniform(0.1, 1.0) * took, 2) for _ in range(KILLS)]
+    print(f"random kills: after {delays} s of a {took:.1f} s run (seed {seed})")
+    argv = training_args(tmp_path, "cut", **STEPS)
+    killed = 0
+    for i, delay in enumerate(delays):
+        try:
+            if i == 0:
+                run_script(argv, env=probe, timeout=delay)
+            else:
+                resume_as_the_docs_say(argv, probe, timeout=delay)
+        except subprocess.TimeoutExpired:
+            killed += 1
+    resume_as_the_docs_say(argv, probe)
+    got = final_weights(tmp_path / "runs" / "cut")
+    same = expected.keys() == got.keys() and all(torch.equal(expected[key], got[key]) for key in expected)
+    assert same, f"other weights after kills at {delays} s (seed {seed})"
+    print(f"random kills: {killed} of {KILLS} starts killed, bit-identical weights")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
