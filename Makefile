@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm demo bench lint clean
+.PHONY: install test test-fast test-vllm demo experiment-perception bench lint clean
 
 install: $(VENV)/.installed
 
@@ -36,6 +36,11 @@ test-fast: install
 
 demo: install
 	$(PY) -m vision_grpo.demo
+
+# Experiment 3 (docs/demo.md): GRPO against an SFT control at equal token-passes where perception limits the model;
+# its section joins results/demo/report.md, its compute curve is results/demo/perception_curve.png.
+experiment-perception: install
+	$(PY) -m vision_grpo.demo --experiments perception
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -1,4 +1,5 @@
-"""`make demo`: two GRPO experiments on the embedded default, offline on a CPU (docs/demo.md says how long).
+"""`make demo`: two GRPO experiments on the embedded default, offline on a CPU (docs/demo.md says how long);
+`make experiment-perception` runs the third (`--experiments perception`).
 
 1. Format: a supervised warm start on a mix of answer forms (recipes/shapes/tiny_sft.yaml) -> GRPO. The warm start can
    count but mostly does not finish with the boxed answer the reward requires; GRPO teaches the format.
@@ -6,14 +7,18 @@
    (recipes/shapes/tiny_sft_biased.yaml) -> GRPO, and as the control the same warm start trained further with SFT on
    the same demonstrations for as long as the GRPO stage trained. Greedy imitation follows the majority label; the
    question is whether reward recovers what the samples still know and more imitation does not.
+3. Perception: counting 1-5 shapes of random sizes from a warm start whose errors are miscounts
+   (recipes/shapes/tiny_sft_perception.yaml), GRPO against the SFT control at equal token-passes, with the held-out
+   accuracy of both arms' checkpoints against compute (demo/curve.py).
 
-Every model is evaluated greedily on the same held-out images, real and blank (eval/evaluate.py), and by pass@k at
-the training temperature (eval/pass_at_k.py); a table per experiment with McNemar's tests and the honesty
-checks, and one PNG with both. Every stage runs the repository's own entry points with the recipes in
-recipes/shapes/, so the demo exercises exactly what users run. A finished stage is reused when the demo is run again
-(`--fresh` redoes everything).
+Every model is evaluated greedily on the same held-out images, real, blank and shuffled (eval/evaluate.py), and by
+pass@k at the training temperature (eval/pass_at_k.py); a table per experiment with McNemar's tests and the honesty
+checks, and one PNG with every experiment run. Each experiment's section is kept in <results dir>/sections/, so
+report.md holds every experiment run into that folder, by either command. Every stage runs the repository's own
+entry points with the recipes in recipes/shapes/, so the demo exercises exactly what users run. A finished stage is
+reused when the demo is run again (`--fresh` redoes everything).
 
-The two experiments share nothing until the report, so with two cores their training stages run side by side
+The experiments share nothing until the report, so with two cores their training stages run side by side
 (`--jobs`), each in a process of its own with the same single-threaded, seeded computation as when run one after the
 other; the first experiment is evaluated while the second still trains.
 """
@@ -29,10 +34,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vision_grpo.demo.experiments import EXPERIMENTS
+from vision_grpo.demo.curve import compute_curve, curve_table, plot_curve
+from vision_grpo.demo.experiments import DEMO_EXPERIMENTS, EXPERIMENTS, QUICK_EVAL, Experiment
 from vision_grpo.demo.plot import plot
 from vision_grpo.demo.report import report
-from vision_grpo.demo.stages import RUNNING, StageClock, Trained, evaluate_experiment, train_experiment
+from vision_grpo.demo.stages import (
+    RUNNING,
+    Evaluated,
+    Runs,
+    StageClock,
+    Trained,
+    evaluate_experiment,
+    train_experiment,
+)
 from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
 from vision_grpo.run.threads import default_threads, usable_cores
 
@@ -45,14 +59,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="toy-sized run of every stage (for tests)")
     parser.add_argument("--fresh", action="store_true", help="redo every stage instead of reusing finished ones")
     parser.add_argument(
+        "--experiments",
+        nargs="+",
+        default=list(DEMO_EXPERIMENTS),
+        choices=[e.key for e in EXPERIMENTS],
+        help=f"which experiments to run (default: {' '.join(DEMO_EXPERIMENTS)})",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
-        default=min(len(EXPERIMENTS), usable_cores()),
+        default=None,
         choices=range(1, len(EXPERIMENTS) + 1),
-        help="experiments trained side by side (default: one per core, at most 2); 1 runs every stage in turn, "
+        help="experiments trained side by side (default: one per core and experiment); 1 runs every stage in turn, "
         "its output on the terminal",
     )
     args = parser.parse_args(argv)
+    chosen = [e for e in EXPERIMENTS if e.key in args.experiments]
+    args.jobs = min(args.jobs or usable_cores(), len(chosen))
     start = time.perf_counter()
     runs_dir, results_dir = Path(args.runs_dir).resolve(), Path(args.results_dir).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -62,19 +85,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     clock = StageClock()
     with clock.stage("embedded tiny VLM"):
         print(resolve_model_path(TINY_MODEL))
-    results, tables, facts = [], [], {}
-    with ThreadPoolExecutor(max_workers=len(EXPERIMENTS)) as pool:
+    results, facts = [], {}
+    sections = results_dir / "sections"
+    sections.mkdir(exist_ok=True)
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
         if args.jobs > 1:  # every experiment's training starts now; each is evaluated as soon as it is trained
-            futures = [pool.submit(train_experiment, e, args, runs_dir, clock) for e in EXPERIMENTS]
+            futures = [pool.submit(train_experiment, e, args, runs_dir, clock) for e in chosen]
             trained: Iterator[Trained] = (future.result() for future in futures)
         else:  # one stage at a time: each experiment trains after the one before was evaluated
-            trained = (train_experiment(e, args, runs_dir, clock) for e in EXPERIMENTS)
+            trained = (train_experiment(e, args, runs_dir, clock) for e in chosen)
         try:
-            for experiment, (grpo_run, runs) in zip(EXPERIMENTS, trained, strict=True):
+            for experiment, (grpo_run, runs) in zip(chosen, trained, strict=True):
                 models = evaluate_experiment(experiment, runs, args, clock)
                 table, facts[experiment.title] = report(experiment, models)
+                if experiment.compute_curve:
+                    table += "\n\n" + _curve(experiment, runs, models, args, results_dir, clock)
                 results.append((experiment, grpo_run, models))
-                tables.append(table)
+                (sections / f"{experiment.key}.md").write_text(table + "\n", encoding="utf-8")
         # A failed stage (run_stage raises SystemExit) or evaluation; Ctrl-C has reached the stages already (one
         # process group), so KeyboardInterrupt is left out.
         except (Exception, SystemExit):
@@ -82,7 +109,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 process.terminate()
             raise
 
-    png = results_dir / "demo.png"
+    png = results_dir / (
+        "demo.png" if args.experiments == list(DEMO_EXPERIMENTS) else f"{'-'.join(args.experiments)}.png"
+    )
     with clock.stage("report"):
         plot(results, png)
     wall = time.perf_counter() - start
@@ -93,8 +122,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"wall time {wall / 60:.1f} min (stages reused are not re-timed; {args.jobs} experiment(s) trained side by "
         f"side); peak RSS of any process {peak_gib:.2f} GiB"
     )
+    # Every experiment run into this folder, in EXPERIMENTS order: this run's and those an earlier command wrote.
+    tables = [
+        (sections / f"{e.key}.md").read_text(encoding="utf-8").rstrip()
+        for e in EXPERIMENTS
+        if (sections / f"{e.key}.md").exists()
+    ]
     text = "\n\n".join([*tables, clock.table(), footer]) + "\n"
     (results_dir / "report.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"figure: {png}\nresult files: {results_dir}\nTensorBoard: tensorboard --logdir {runs_dir}")
     return {"experiments": facts, "wall_seconds": wall, "peak_rss_gib": peak_gib, "png": str(png)}
+
+
+def _curve(
+    experiment: Experiment,
+    runs: Runs,
+    models: list[Evaluated],
+    args: argparse.Namespace,
+    results: Path,
+    clock: StageClock,
+) -> str:
+    """The compute curve's evaluations, PNG and the report's table of it."""
+    with clock.stage(f"{experiment.title}: held-out accuracy of every checkpoint against compute"):
+        curves = compute_curve(experiment, runs, models, results, QUICK_EVAL if args.quick else [])
+        png = results / f"{experiment.results_prefix}curve.png"
+        plot_curve(experiment, curves, models[0].greedy["summary"]["n"], png)
+    caption = f"Held-out strict accuracy against compute, both arms from the warm start ({png.name}):"
+    return f"{caption}\n\n{curve_table(curves)}"

@@ -1,5 +1,6 @@
-"""What `make demo` runs: its experiments (a warm-start recipe, GRPO from it, and optionally the SFT control) and
-the settings every stage shares; a further experiment is one more `Experiment` in `EXPERIMENTS`.
+"""What `make demo` and `make experiment-perception` run: the experiments (a warm-start recipe, GRPO from it, and
+optionally the SFT control) and the settings every stage shares; a further experiment is one more `Experiment` in
+`EXPERIMENTS`.
 """
 
 from __future__ import annotations
@@ -37,15 +38,24 @@ QUICK_GRPO += ["--logging_steps", "1"]
 QUICK_EVAL = ["--shapes_eval_size", "24"]
 
 
+# Checkpoints of each arm on the compute curve (the GRPO recipe's save_steps gives its own; the control's follow).
+CURVE_POINTS = 6
+
+
 @dataclass(frozen=True)
 class Experiment:
     """A warm start, GRPO from it and, with `sft_control`, the warm start trained further with SFT instead."""
 
+    key: str  # `--experiments` names it; its report section: <results dir>/sections/<key>.md
     title: str
     sft_recipe: str
     run_suffix: str  # run folders: runs/shapes/<recipe>/<run name><suffix>
     results_prefix: str  # result files: <results dir>/<prefix><model>.json
     sft_control: bool
+    # The GRPO stage's recipe; its task and held-out images are every model's evaluation.
+    grpo_recipe: str = GRPO_RECIPE
+    # Held-out accuracy of GRPO's and the control's checkpoints against their token-passes (demo/curve.py).
+    compute_curve: bool = False
 
     @property
     def focus_count(self) -> int | None:
@@ -54,12 +64,28 @@ class Experiment:
 
 
 EXPERIMENTS = (
-    Experiment("Experiment 1: GRPO teaches the answer format", "recipes/shapes/tiny_sft.yaml", "", "", False),
+    Experiment("format", "Experiment 1: GRPO teaches the answer format", "recipes/shapes/tiny_sft.yaml", "", "", False),
     Experiment(
+        "biased",
         "Experiment 2: GRPO corrects biased demonstrations",
         "recipes/shapes/tiny_sft_biased.yaml",
         "-biased",
         "biased_",
         True,
     ),
+    # Counting 1-5 shapes of random sizes: the warm start's errors are miscounts (docs/demo.md, Experiment 3).
+    Experiment(
+        "perception",
+        "Experiment 3: GRPO against SFT where perception limits the model",
+        "recipes/shapes/tiny_sft_perception.yaml",
+        "-perception",
+        "perception_",
+        True,
+        grpo_recipe="recipes/shapes/tiny_grpo_perception.yaml",
+        compute_curve=True,
+    ),
 )
+
+
+# `make demo`'s experiments; `make experiment-perception` runs the third (`--experiments perception`).
+DEMO_EXPERIMENTS = ("format", "biased")

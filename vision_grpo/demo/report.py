@@ -29,6 +29,7 @@ def _rows(models: list[Evaluated]) -> list[tuple[str, list[str]]]:
     greedy = [m.greedy["summary"] for m in models]
     sampled = [m.sampled["summary"] for m in models]
     blank = [m.blank["summary"] for m in models]
+    shuffled = [m.shuffled["summary"] for m in models]
     first = models[0].greedy
     temperature = models[0].sampled["metadata"]["decoding"]["temperature"]
     counts = sorted({r["gold"] for r in first["records"]}, key=int)
@@ -51,6 +52,7 @@ def _rows(models: list[Evaluated]) -> list[tuple[str, list[str]]]:
         ("distinct greedy outputs across the images", [_distinct(s) for s in greedy]),
         ("strict accuracy with a blank image", [_pct(s["accuracy"]) for s in blank]),
         ("lenient accuracy with a blank image", [_pct(s["lenient_accuracy"]) for s in blank]),
+        ("strict accuracy with shuffled images (another image's)", [_pct(s["accuracy"]) for s in shuffled]),
         ("completions cut off at the length limit", [_pct(s["hit_limit_rate"]) for s in greedy]),
         (f"samples cut off at the length limit (pass@{PASS_K})", [_pct(s["hit_limit_rate"]) for s in sampled]),
     ]

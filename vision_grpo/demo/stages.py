@@ -1,6 +1,6 @@
 """The demo's stages: a training entry point run as a child process (reused when its run already finished), the
 models of an experiment trained in turn (warm start, GRPO from it, the SFT control) and evaluated in this process
-(greedy on real and blank images, pass@k), each stage announced and timed.
+(greedy on real, blank and shuffled images, pass@k), each stage announced and timed.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import time
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vision_grpo.demo.experiments import (
+    CURVE_POINTS,
     EVAL_BATCH,
-    GRPO_RECIPE,
     PASS_K,
     QUICK_EVAL,
     QUICK_GRPO,
@@ -35,11 +36,13 @@ RUNNING: set[subprocess.Popen] = set()
 
 @dataclass
 class Evaluated:
-    """One model's results: greedy on real and on blank images, k samples per image, and how long it trained."""
+    """One model's results: greedy on real, blank and shuffled (another image's) images, k samples per image, and how
+    long it trained."""
 
     label: str
     greedy: dict[str, Any]
     blank: dict[str, Any]
+    shuffled: dict[str, Any]
     sampled: dict[str, Any]
     training: str  # what trained it after the warm start, e.g. "120 steps, 87 s"
 
@@ -111,12 +114,25 @@ def run_scalars(run_dir: Path) -> Any:
 GRPO_PASSES, SFT_PASSES = 4, 3
 
 
+def tokens_at(run_dir: Path, step: int) -> int:
+    """The tokens TRL counted (`num_tokens`: prompt and completion tokens without padding, every sequence) up to
+    `step`: its last logged value at or before that step, scaled to the step (exact where the step was logged)."""
+    logged = [p for p in run_scalars(run_dir).Scalars("train/num_tokens") if p.step <= step]
+    if not logged:
+        raise SystemExit(f"{run_dir}: no train/num_tokens logged at or before step {step}; log more often")
+    return round(logged[-1].value * step / logged[-1].step)
+
+
 def trained(run_dir: Path) -> tuple[int, int]:
-    """(steps, tokens) of a finished run: the manifest's last step and the tokens TRL counted (`num_tokens`, prompt
-    and completion tokens without padding, for every sequence) up to its last logged step, scaled to the last step."""
+    """(steps, tokens) of a finished run: the manifest's last step and the tokens TRL counted up to it."""
     steps = json.loads((run_dir / "manifest.json").read_text())["global_step"]
-    last = run_scalars(run_dir).Scalars("train/num_tokens")[-1]
-    return steps, round(last.value * steps / last.step)
+    return steps, tokens_at(run_dir, steps)
+
+
+def curve_checkpoints(steps: int) -> list[str]:
+    """Training options that save about CURVE_POINTS checkpoints over `steps` (kept, for the compute curve)."""
+    every = max(1, math.ceil(steps / CURVE_POINTS))
+    return ["--save_strategy", "steps", "--save_steps", str(every), "--save_total_limit", str(CURVE_POINTS + 1)]
 
 
 def control_steps(warm_run: Path, grpo_run: Path) -> int:
@@ -131,26 +147,30 @@ def control_steps(warm_run: Path, grpo_run: Path) -> int:
     return max(1, round(GRPO_PASSES * grpo_tokens / (SFT_PASSES * warm_tokens / warm_steps)))
 
 
-def evaluate(model: Path, name: str, results_dir: Path, extra: list[str], control: str) -> dict:
+def evaluate(model: Path, recipe: str, name: str, results_dir: Path, extra: list[str], control: str) -> dict:
     """Greedy evaluation of `model` on the GRPO recipe's held-out images (same prompts and pixels as training).
 
     Always redone (seconds, `--overwrite`): a result file must belong to the models the stages above produced.
     """
-    argv = ["--config", GRPO_RECIPE, "--model_name_or_path", str(model), "--output", str(results_dir / f"{name}.json")]
+    argv = ["--config", recipe, "--model_name_or_path", str(model), "--output", str(results_dir / f"{name}.json")]
     return evaluate_main([*argv, "--batch_size", str(EVAL_BATCH), "--image_control", control, "--overwrite", *extra])
 
 
-def sample(model: Path, name: str, results_dir: Path, extra: list[str]) -> dict:
+def sample(model: Path, recipe: str, name: str, results_dir: Path, extra: list[str]) -> dict:
     """pass@k of `model` on the same images: k samples each, at the GRPO recipe's training temperature."""
     output = results_dir / f"{name}_pass{PASS_K}.json"
-    argv = ["--config", GRPO_RECIPE, "--model_name_or_path", str(model), "--output", str(output)]
+    argv = ["--config", recipe, "--model_name_or_path", str(model), "--output", str(output)]
     return pass_at_k_main([*argv, "--batch_size", str(EVAL_BATCH), "--k", str(PASS_K), *extra])
 
 
-def evaluate_all(model: Path, name: str, label: str, results_dir: Path, extra: list[str], training: str) -> Evaluated:
-    greedy = evaluate(model, name, results_dir, extra, "none")
-    blank = evaluate(model, f"{name}_blank", results_dir, extra, "blank")
-    return Evaluated(label, greedy, blank, sample(model, name, results_dir, extra), training)
+def evaluate_all(
+    model: Path, recipe: str, name: str, label: str, results_dir: Path, extra: list[str], training: str
+) -> Evaluated:
+    greedy, blank, shuffled = (
+        evaluate(model, recipe, name + suffix, results_dir, extra, control)
+        for suffix, control in (("", "none"), ("_blank", "blank"), ("_shuffled", "shuffled"))
+    )
+    return Evaluated(label, greedy, blank, shuffled, sample(model, recipe, name, results_dir, extra), training)
 
 
 def _trained_for(run_dir: Path, passes: int) -> str:
@@ -177,7 +197,9 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
         )
     with clock.stage(f"{experiment.title}: GRPO (TRL GRPOTrainer)"):
         grpo_extra = ["--model_name_or_path", str(warm_run), *quick_grpo]
-        grpo_run = run_stage("recipes/train.py", GRPO_RECIPE, runs_dir, run_name, grpo_extra, args.fresh, log("grpo"))
+        grpo_run = run_stage(
+            "recipes/train.py", experiment.grpo_recipe, runs_dir, run_name, grpo_extra, args.fresh, log("grpo")
+        )
     runs = [
         (warm_run, "warm_start", "warm start", "–"),
         (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run, GRPO_PASSES)),
@@ -188,6 +210,8 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
         ):
             steps = control_steps(warm_run, grpo_run)
             control_extra = ["--model_name_or_path", str(warm_run), *quick_sft, "--max_steps", str(steps)]
+            if experiment.compute_curve:  # checkpoints along the way, each step's tokens logged (demo/curve.py)
+                control_extra += ["--logging_steps", "1", *curve_checkpoints(steps)]
             control_run = run_stage(
                 "recipes/sft.py",
                 experiment.sft_recipe,
@@ -207,8 +231,10 @@ def evaluate_experiment(
     """Every model of the experiment on the held-out images, in this process (one evaluation at a time)."""
     results_dir = Path(args.results_dir).resolve()
     eval_extra = QUICK_EVAL if args.quick else []
-    with clock.stage(f"{experiment.title}: held-out evaluation (greedy real and blank, pass@{PASS_K})"):
+    with clock.stage(f"{experiment.title}: held-out evaluation (greedy real, blank and shuffled, pass@{PASS_K})"):
         return [
-            evaluate_all(run, experiment.results_prefix + name, label, results_dir, eval_extra, training)
+            evaluate_all(
+                run, experiment.grpo_recipe, experiment.results_prefix + name, label, results_dir, eval_extra, training
+            )
             for run, name, label, training in runs
         ]
