@@ -77,6 +77,7 @@ def train(run: RecipeRun) -> Path:
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
         logprob_guard=LogprobGapGuard.from_recipe(task_args),
         share_prompt_copies=task_args.share_prompt_copies,
+        skip_reward_faults=task_args.reward_faults == "skip",
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
     if task_args.holdout_eval_steps > 0:

@@ -135,6 +135,16 @@ ENTRY_POINT_CASES = {
         RecipeError,
         r"rank_stall_timeout must be at least 0, got -1; set `rank_stall_timeout` to 0 or more \(0 turns the watch",
     ),
+    "negative reward_timeout": (
+        ["--reward_timeout", "-1"],
+        RecipeError,
+        r"reward_timeout must be at least 0, got -1.0; set `reward_timeout` to 0 or more \(0: no limit\)",
+    ),
+    "unknown reward_faults": (
+        ["--reward_faults", "ignore"],
+        RecipeError,
+        r"reward_faults: 'ignore' is not one of \['fail', 'skip'\]",
+    ),
     "negative max_pixels": (
         ["--max_pixels", "-5"],
         RecipeError,

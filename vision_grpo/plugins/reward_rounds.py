@@ -18,25 +18,36 @@ SHOWN = 5  # row ids quoted in the message; the rest are counted
 
 
 class RewardRound:
-    """The None masks of one scoring by a recipe's rewards, by the reward's position in the recipe's list."""
+    """The None masks of one scoring by a recipe's rewards, by the reward's position in the recipe's list, and the
+    completions a reward's fault left unscored under `reward_faults: skip` (exempt: they are meant to get nothing)."""
 
     def __init__(self, rewards: Sequence[str]) -> None:
         self.rewards = list(rewards)  # each reward as the message names it: `name` (file)
         self._unscored: dict[int, list[bool]] = {}
+        self._skipped: list[bool] = []
+        self._last_skipped: list[bool] | None = None
         self._lock = threading.Lock()
 
-    def add(self, position: int, values: Sequence[float | None], columns: dict[str, Any]) -> str | None:
-        """Record the values of the reward at `position`; once every reward has run on these completions, what is
-        wrong if some completion got None from all of them (else None). A reward called again before the round is
-        complete starts a new round (a caller that scores with some of the rewards only)."""
+    def add(
+        self, position: int, values: Sequence[float | None], columns: dict[str, Any], skipped: Sequence[bool] = ()
+    ) -> str | None:
+        """Record the values of the reward at `position` (and the completions its faults made it skip); once every
+        reward has run on these completions, what is wrong if some completion that none skipped got None from all of
+        them (else None). A reward called again before the round is complete starts a new round (a caller that
+        scores with some of the rewards only)."""
         with self._lock:
             if position in self._unscored or any(len(mask) != len(values) for mask in self._unscored.values()):
                 self._unscored.clear()
+                self._skipped = []
             self._unscored[position] = [value is None for value in values]
+            before = self._skipped or [False] * len(values)
+            self._skipped = [a or b for a, b in zip(before, skipped or [False] * len(values), strict=True)]
             if len(self._unscored) < len(self.rewards):
                 return None
             masks, self._unscored = list(self._unscored.values()), {}
-        unscored = [i for i in range(len(values)) if all(mask[i] for mask in masks)]
+            self._last_skipped, self._skipped = self._skipped, []
+        skip = self._last_skipped
+        unscored = [i for i in range(len(values)) if all(mask[i] for mask in masks) and not skip[i]]
         if not unscored:
             return None
         ids = columns.get("id")
@@ -48,3 +59,10 @@ class RewardRound:
             "none, a completion gets reward 0 and teaches nothing (all of a step: loss 0, gradient 0). Return a number "
             "for such rows, or add a reward that scores them"
         )
+
+    def take_skipped(self) -> list[bool] | None:
+        """Which completions of the last complete round a fault skipped (None: no round completed since the last
+        call)."""
+        with self._lock:
+            skipped, self._last_skipped = self._last_skipped, None
+        return skipped

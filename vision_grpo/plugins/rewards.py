@@ -11,8 +11,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import math
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 from vision_grpo.plugins.files import ENDS_THE_RUN, ended, import_plugin, plugin_files
 from vision_grpo.plugins.reward_calls import StopRequested, reward_call
+from vision_grpo.plugins.reward_faults import FAIL, FaultPolicy, call_faults, describe
 from vision_grpo.plugins.reward_rounds import RewardRound
 
 logger = logging.getLogger(__name__)
@@ -107,38 +106,45 @@ def _discover(extra_dirs: Sequence[str | Path]) -> tuple[dict[str, RegisteredRew
     return dict(_REGISTRY), broken
 
 
-def _checked(entry: RegisteredReward, context: dict[str, Any], scoring: RewardRound, position: int) -> RewardFunc:
-    """Wrap a plugin so that a bad return value fails loudly with the plugin's name and file, and a completion that
-    none of the recipe's rewards scored (`scoring`, where this reward is at `position`) with the rewards and rows."""
+def _checked(
+    entry: RegisteredReward, context: dict[str, Any], scoring: RewardRound, position: int, policy: FaultPolicy
+) -> RewardFunc:
+    """Wrap a plugin so that a fault (it raises, returns something unusable or takes too long) fails loudly with the
+    plugin's name and file, the row and the value, or with `policy.skip` leaves those completions unscored and
+    counted; and so that a completion that none of the recipe's rewards scored (`scoring`, where this reward is at
+    `position`) fails with the rewards and rows."""
     accepted = inspect.signature(entry.func).parameters
     bound = {key: value for key, value in context.items() if key in accepted}
     func = functools.partial(entry.func, **bound) if bound else entry.func
+    where = f"reward `{entry.name}` ({entry.source})"
+
+    def call(completions: Sequence[Any], columns: dict[str, Any]) -> Any:
+        with reward_call(entry.name):
+            return func(completions=own_copy(completions), **{key: own_copy(v) for key, v in columns.items()})
 
     def checked(completions, **kwargs) -> list[float | None]:
-        where = f"reward `{entry.name}` ({entry.source})"
         try:
-            with reward_call(entry.name):
-                values = func(completions=own_copy(completions), **{key: own_copy(v) for key, v in kwargs.items()})
+            values, faults = call_faults(call, completions, kwargs, policy.timeout)
         except StopRequested:
             raise
-        except ENDS_THE_RUN as error:
+        except ENDS_THE_RUN as error:  # never skipped: the plugin tried to end the process
             raise RewardPluginError(f"{where} {ended(error)}") from error
-        except Exception as error:
-            raise RewardPluginError(f"{where} raised {type(error).__name__}: {error}") from error
-        if not isinstance(values, (list, tuple)) or len(values) != len(completions):
-            count = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-            raise RewardPluginError(f"{where} returned {count} values for {len(completions)} completions")
-        for value in values:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise RewardPluginError(f"{where} returned {value!r}; rewards must be numbers or None")
-            if value is not None and not math.isfinite(value):
-                raise RewardPluginError(f"{where} returned {value}; rewards must be finite (None marks 'no reward')")
-        if unscored := scoring.add(position, values, kwargs):
+        if faults:
+            said = describe(faults, kwargs.get("id"), len(completions))
+            if not policy.skip:
+                raise RewardPluginError(
+                    f"{where} {said}. Fix the plugin, or set `reward_faults: skip` in the recipe to skip such "
+                    "completions (no reward, no advantage) and count them"
+                ) from faults[0].error
+            logger.warning("%s %s: skipped (reward_faults: skip)", where, said)
+        faulty = {i for fault in faults for i in ([fault.index] if fault.index is not None else range(len(values)))}
+        if unscored := scoring.add(position, values, kwargs, skipped=[i in faulty for i in range(len(values))]):
             raise RewardPluginError(unscored)
-        return [None if value is None else float(value) for value in values]
+        return values
 
     checked.__name__ = entry.name  # TRL logs `rewards/<__name__>/mean`
     checked.__qualname__ = entry.name
+    checked.reward_round = scoring  # the trainer reads the skipped completions of each scoring from it
     return checked
 
 
@@ -156,9 +162,13 @@ def own_copy(value: Any) -> Any:
 
 
 def get_reward_funcs(
-    names: Sequence[str], extra_dirs: Sequence[str | Path] = (), context: dict[str, Any] | None = None
+    names: Sequence[str],
+    extra_dirs: Sequence[str | Path] = (),
+    context: dict[str, Any] | None = None,
+    policy: FaultPolicy = FAIL,
 ) -> list[RewardFunc]:
-    """The checked reward functions for `names`, in order; `context` values are bound where a plugin asks."""
+    """The checked reward functions for `names`, in order; `context` values are bound where a plugin asks; `policy`
+    says what a fault of a plugin does (default: it stops the caller)."""
     registry, broken = _discover(extra_dirs)
     missing = [name for name in names if name not in registry]
     if missing and broken:  # the missing reward may be in a file that did not import: say which
@@ -171,11 +181,12 @@ def get_reward_funcs(
     for error in broken:  # a broken file this run does not need must not stop it, nor pass unseen
         logger.warning("%s; this run does not use it and goes on", error)
     scoring = RewardRound([f"`{name}` ({registry[name].source})" for name in names])
-    return [_checked(registry[name], context or {}, scoring, i) for i, name in enumerate(names)]
+    return [_checked(registry[name], context or {}, scoring, i, policy) for i, name in enumerate(names)]
 
 
 def get_recipe_rewards(task_args: Any, tokenizer: Any) -> list[RewardFunc]:
     """A recipe's `reward_funcs` with the context they may ask for: one function, so that training, evaluation and
     the held-out curves score completions identically (EOS ids decide which completions were cut off)."""
     eos_token_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
-    return get_reward_funcs(task_args.reward_funcs, task_args.reward_dirs, context={"eos_token_ids": eos_token_ids})
+    policy = FaultPolicy(skip=task_args.reward_faults == "skip", timeout=task_args.reward_timeout)
+    return get_reward_funcs(task_args.reward_funcs, task_args.reward_dirs, {"eos_token_ids": eos_token_ids}, policy)

@@ -19,6 +19,9 @@ LOGPROB_GAP_THRESHOLD = 0.08
 # A rank's heartbeat stops only when its whole process stops, so this needs no room for long steps or a long hash on
 # the main process; it is room for a process starved of CPU, or a C call holding the GIL, on a loaded machine.
 RANK_STALL_TIMEOUT = 300
+# Seconds one call of a reward (a batch of completions) may take: far above what a parser needs (the VQA rewards
+# take milliseconds), room for a reward that asks a remote judge, short of a run that hangs for good.
+REWARD_TIMEOUT = 600
 
 
 class RecipeError(ValueError):
@@ -59,6 +62,18 @@ class BaseTaskArguments:
     )
     reward_dirs: list[str] = field(
         default_factory=list, metadata={"help": "Extra folders of reward plugins (their code is run)."}
+    )
+    reward_faults: str = field(
+        default="fail",
+        metadata={
+            "help": "A reward that raises, returns NaN, inf, a non-number or the wrong count, or takes longer than "
+            "`reward_timeout`: `fail` stops the step naming the reward, row and value; `skip` gives those "
+            "completions no reward and no advantage, and counts them (metric `rewards/skipped_completions`, the "
+            "manifest's `skipped_completions`)."
+        },
+    )
+    reward_timeout: float = field(
+        default=REWARD_TIMEOUT, metadata={"help": "Seconds one reward call may take (0: no limit)."}
     )
     # Vision tower.
     vision_tower: str = field(default="freeze", metadata={"help": "`train`, `freeze` or `scaled_lr`."})
@@ -136,6 +151,8 @@ class BaseTaskArguments:
             raise RecipeError("sft_mislabel_share must be between 0 and 1")
         if self.sft_mislabel_share > 0 and self.sft_mislabel_count is None:
             raise RecipeError("sft_mislabel_share needs sft_mislabel_count and sft_mislabel_as")
+        if self.reward_faults not in ("fail", "skip"):
+            raise RecipeError(f"reward_faults: {self.reward_faults!r} is not one of ['fail', 'skip']")
         if not self.vision_lr_scale > 0:
             raise RecipeError("vision_lr_scale must be positive")
         if not self.logprob_gap_threshold > 0 or self.logprob_gap_action not in ("auto", "stop", "warn"):

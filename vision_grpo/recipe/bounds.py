@@ -16,7 +16,7 @@ PIXEL_CEILING = 64_000_000
 # Trainer keys whose bad values TRL or torch refuse only once the model has loaded (a negative learning rate, when
 # the optimizer is built; a batch of 0 or a temperature of 0 at the first step), that would generate nothing to
 # learn from (no completion tokens), or that would silently mean something else (`max_steps: -5` trains by epochs);
-# the processor's pixel limits; the memory plan's flags; the seconds a rank may stall.
+# the processor's pixel limits; the memory plan's flags; the seconds a rank may stall or a reward call may take.
 LOWER_BOUNDS = {
     "max_completion_length": 1,
     "learning_rate": 0,
@@ -30,12 +30,14 @@ LOWER_BOUNDS = {
     "images_per_prompt": 1,
     "prompt_text_tokens": 0,
     "rank_stall_timeout": 0,
+    "reward_timeout": 0,
 }
 UPPER_BOUNDS = {"min_pixels": PIXEL_CEILING, "max_pixels": PIXEL_CEILING, "image_pixels": PIXEL_CEILING}
 ABOVE_ZERO = ("temperature",)  # sampling divides the logits by it
 HINTS = {
     "max_steps": " (-1, the default, trains num_train_epochs)",
     "rank_stall_timeout": " (0 turns the watch off)",
+    "reward_timeout": " (0: no limit)",
 }
 
 

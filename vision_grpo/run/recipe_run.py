@@ -155,6 +155,8 @@ class RecipeRun:
                 global_step=trainer.state.global_step,
                 max_steps=trainer.state.max_steps,
                 num_train_epochs=self.training_args.num_train_epochs,
+                # reward_faults: skip, in this launch (SFT has no rewards)
+                skipped_completions=getattr(trainer, "skipped_completions", None),
             )
         return self.close()
 

@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate.utils import gather
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
@@ -18,6 +20,7 @@ from trl.trainer.utils import RepeatSampler
 from vision_grpo.models.shared_prefill import share_prefill
 from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
+from vision_grpo.plugins.rewards import RewardPluginError
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
 from vision_grpo.training.logprob_guard import LogprobGapGuard
@@ -38,9 +41,12 @@ class VisionGRPOTrainer(GRPOTrainer):
         vision_lr_scale: float | None = None,
         logprob_guard: LogprobGapGuard | None = None,
         share_prompt_copies: bool = True,
+        skip_reward_faults: bool = False,
         **kwargs: Any,
     ) -> None:
         self.vision_lr_scale = vision_lr_scale
+        self.skip_reward_faults = skip_reward_faults
+        self.skipped_completions = 0  # over all processes, in this launch (the manifest records it)
         super().__init__(*args, **kwargs)
         if share_prompt_copies:  # after super(): PEFT's adapters are in place, so "frozen" means frozen
             zero3 = getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
@@ -71,6 +77,29 @@ class VisionGRPOTrainer(GRPOTrainer):
             if not existed and self.is_world_process_zero():  # one remover: another rank may still be writing
                 shutil.rmtree(folder, ignore_errors=True)
             raise
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, with every reward NaN for a completion that a reward's fault skipped (`reward_faults:
+        skip`): TRL leaves a completion with no reward out of its group's baseline and gives it advantage 0, where
+        one reward's number beside another's skip would still move the policy. The skips are counted over all
+        processes; a step whose every completion was skipped stops the run (it would train nothing)."""
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rounds = {id(r): r for f in self.reward_funcs if (r := getattr(f, "reward_round", None)) is not None}
+        skipped = [False] * len(prompts)
+        for scoring in rounds.values():
+            skipped = [a or b for a, b in zip(skipped, scoring.take_skipped() or skipped, strict=True)]
+        mask = gather(torch.tensor(skipped, dtype=torch.long, device=rewards_per_func.device)).bool()
+        if self.skip_reward_faults:
+            count = int(mask.sum())
+            self.skipped_completions += count
+            self._metrics["train" if self.model.training else "eval"]["rewards/skipped_completions"].append(count)
+        if mask.all():
+            raise RewardPluginError(
+                f"a reward's faults skipped every one of this step's {mask.numel()} completions (reward_faults: "
+                "skip): the step would train nothing; the warnings above name the reward, rows and values"
+            )
+        rewards_per_func[mask] = torch.nan
+        return rewards_per_func
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
