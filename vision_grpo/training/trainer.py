@@ -84,15 +84,16 @@ class VisionGRPOTrainer(GRPOTrainer):
         one reward's number beside another's skip would still move the policy. The skips are counted over all
         processes; a step whose every completion was skipped stops the run (it would train nothing)."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if not self.skip_reward_faults:  # a fault has already stopped the step: nothing to mask or gather
+            return rewards_per_func
         rounds = {id(r): r for f in self.reward_funcs if (r := getattr(f, "reward_round", None)) is not None}
         skipped = [False] * len(prompts)
         for scoring in rounds.values():
             skipped = [a or b for a, b in zip(skipped, scoring.take_skipped() or skipped, strict=True)]
         mask = gather(torch.tensor(skipped, dtype=torch.long, device=rewards_per_func.device)).bool()
-        if self.skip_reward_faults:
-            count = int(mask.sum())
-            self.skipped_completions += count
-            self._metrics["train" if self.model.training else "eval"]["rewards/skipped_completions"].append(count)
+        count = int(mask.sum())
+        self.skipped_completions += count
+        self._metrics["train" if self.model.training else "eval"]["rewards/skipped_completions"].append(count)
         if mask.all():
             raise RewardPluginError(
                 f"a reward's faults skipped every one of this step's {mask.numel()} completions (reward_faults: "
