@@ -43,11 +43,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def launch_recorded(tmp_path: Path, launch: list[str], *overrides: str) -> tuple[Path, Path]:
-    """`accelerate launch <launch> train_recorded.py ...` on the tiny recipe; returns (run folder, records folder)."""
+    """`accelerate launch <launch> train_recorded.py ...` on the tiny recipe (`launch` empty: `python
+    train_recorded.py ...`, one process); returns (run folder, records folder)."""
     records, run_dir = tmp_path / "records", tmp_path / "runs" / "run"
-    records.mkdir()
+    records.mkdir(parents=True)
+    launcher = ["-m", "accelerate.commands.launch", *launch] if launch else []
     run_script(
-        ["-m", "accelerate.commands.launch", *launch, *recorded_training_args(run_dir, *overrides)],
+        [*launcher, *recorded_training_args(run_dir, *overrides)],
         timeout=900,
         env={RECORD_ENV: str(records), GLOO_ONLY_ENV: "1"},
     )
@@ -119,6 +121,41 @@ def test_deepspeed_zero3_trains_two_cpu_processes_and_saves_whole_adapters(tmp_p
     adapter = load_file(run_dir / "adapter_model.safetensors")
     assert adapter and all(lora_r in tensor.shape and tensor.numel() > lora_r for tensor in adapter.values())
     assert any(tensor.abs().sum() > 0 for name, tensor in adapter.items() if "lora_B" in name)
+
+
+# 5 held-out rows in batches of 2 at steps 0, 1 and 2: 3 batches, so on 2 processes rank 1 has none in the last round.
+HOLDOUT = ["--holdout_eval_steps", "1", "--holdout_eval_size", "5", "--per_device_eval_batch_size", "2"]
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_holdout_rows_and_log_the_one_process_records(tmp_path: Path) -> None:
+    """Rank 0 generates batches 1 and 3 of every held-out measurement and rank 1 batch 2; both get every record, in
+    row order, and at step 0 (the same weights) they are the records and metrics of a one-process run. Only rank 0
+    logs them."""
+    _, one = launch_recorded(tmp_path / "one", [], *HOLDOUT)
+    _, two = launch_recorded(tmp_path / "two", ["--config_file", "accelerate_configs/cpu.yaml"], *HOLDOUT)
+    ids = [record["id"] for record in read_records(one, "holdout_records")[0]["records"]]
+    assert len(ids) == 5
+    generated = {
+        rank: [e["ids"] for e in read_records(two, "evaluator_generation") if e["rank"] == rank] for rank in (0, 1)
+    }
+    assert generated[0] == [ids[:2], ids[4:]] * 3, "rank 0 must generate batches 1 and 3 only, at each step"
+    assert generated[1] == [ids[2:4], []] * 3, "rank 1 must generate batch 2 and join the last round with none"
+
+    measured = {
+        rank: [e["records"] for e in read_records(two, "holdout_records") if e["rank"] == rank] for rank in (0, 1)
+    }
+    assert len(measured[0]) == 3 and measured[0] == measured[1], "the ranks summarized different records"
+    assert all([record["id"] for record in records] == ids for records in measured[0])
+    assert measured[0][0] == read_records(one, "holdout_records")[0]["records"]
+
+    def holdout_logs(records: Path) -> dict[tuple[int, int], dict]:
+        logs = read_records(records, "log")
+        return {(e["rank"], e["step"]): e["logs"] for e in logs if any(k.startswith("holdout/") for k in e["logs"])}
+
+    logged = holdout_logs(two)
+    assert set(logged) == {(0, 0), (0, 1), (0, 2)}, "held-out metrics must be logged once a step, by rank 0"
+    assert logged[(0, 0)] == holdout_logs(one)[(0, 0)]
 
 
 def test_the_embedded_model_builds_completely_on_a_rank_other_than_zero(tmp_path: Path, monkeypatch) -> None:

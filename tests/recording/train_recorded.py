@@ -3,7 +3,9 @@
 The entry point takes no callbacks, so this swaps `GracefulStop` (which it always installs) for a subclass that
 keeps its behaviour and records, per process: parameter checksums at the start and after each optimizer step,
 the optimizer's parameter groups (learning rate, which parameters), the distributed set-up, and the logs.
-It also records the token ids every generation started from and produced (`generation` events), and with
+It also records the token ids every generation started from and produced (`generation` events), the ids of the
+rows each process generated held-out completions for (`evaluator_generation`) and the held-out records each
+process summarized (`holdout_records`), and with
 `$VISION_GRPO_TEST_FORCE_VISION_TOKENS` set it adds a large bias to the vision special tokens' logits, so a model
 that is not prevented from sampling them does.
 Usage is the entry point's: `python tests/recording/train_recorded.py --config <recipe> [--key value ...]`.
@@ -18,10 +20,11 @@ from pathlib import Path
 
 from recorder import FORCE_ENV, GLOO_ONLY_ENV, force_vision_tokens, parameter_checksums, record
 
+from vision_grpo.evaluation.evaluator import Evaluator
 from vision_grpo.models import loading
 from vision_grpo.models.vision import is_vision_parameter
 from vision_grpo.run import stopping
-from vision_grpo.training import trainer
+from vision_grpo.training import holdout, trainer
 
 ENTRY_POINT = Path(__file__).resolve().parents[2] / "recipes" / "train.py"
 
@@ -74,6 +77,22 @@ def _recorded_generation(original):
     return generate
 
 
+def _recorded_evaluator_generation(original):
+    def generate(self, rows, images, max_new_tokens, sampling=None):
+        record("evaluator_generation", ids=[row["id"] for row in rows])
+        return original(self, rows, images, max_new_tokens, sampling)
+
+    return generate
+
+
+def _recorded_summary(original):
+    def summarize(records):
+        record("holdout_records", records=records)
+        return original(records)
+
+    return summarize
+
+
 def _forcing(original):
     def load_model(*args, **kwargs):
         return force_vision_tokens(original(*args, **kwargs))
@@ -86,6 +105,8 @@ if __name__ == "__main__":
     trainer.VisionGRPOTrainer._generate_single_turn = _recorded_generation(
         trainer.VisionGRPOTrainer._generate_single_turn
     )
+    Evaluator.generate = _recorded_evaluator_generation(Evaluator.generate)
+    holdout.summarize = _recorded_summary(holdout.summarize)
     if os.environ.get(GLOO_ONLY_ENV):
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce kernel on first use (minutes of C++ on
         # 2 cores, in every fresh CI clone) that only CPU runs ever use; without it, DeepSpeed falls back to

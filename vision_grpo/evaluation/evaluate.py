@@ -37,6 +37,7 @@ from vision_grpo.evaluation.results import (
     write_json_atomic,
     write_partial,
 )
+from vision_grpo.evaluation.rounds import generated_records
 from vision_grpo.evaluation.scoring import summarize
 from vision_grpo.models.loading import max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments
@@ -105,16 +106,9 @@ def run_evaluation(
     if eval_args.bucket_by_length:
         todo = by_prompt_length(evaluator, dataset, todo, eval_args.batch_size)
     batches = chunks(todo, eval_args.batch_size)
-    world, rank = state.num_processes, state.process_index
     bar = tqdm(total=len(ids), initial=len(done), desc="eval", disable=not state.is_main_process)
     with bar:
-        for first in range(0, len(batches), world):
-            mine = batches[first + rank] if first + rank < len(batches) else []
-            rows, images = read_batch(dataset, mine, eval_args.image_control)
-            generated = evaluator.generate(rows, images, max_new_tokens)
-            records = [evaluator.record(row, result) for row, result in zip(rows, generated, strict=True)]
-            if world > 1:
-                records = gather_object(records)
+        for records in generated_records(evaluator, dataset, batches, max_new_tokens, eval_args.image_control):
             for record in records:
                 done[record["id"]] = record
             if state.is_main_process:  # one write a round: a full disk keeps every earlier round's records whole

@@ -14,8 +14,9 @@ from transformers import Trainer, TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from vision_grpo.data import get_dataset
-from vision_grpo.evaluation.batches import chunks, read_batch
+from vision_grpo.evaluation.batches import chunks
 from vision_grpo.evaluation.evaluator import Evaluator, default_max_new_tokens
+from vision_grpo.evaluation.rounds import generated_records
 from vision_grpo.evaluation.scoring import summarize
 from vision_grpo.models.loading import max_pixels_of
 
@@ -38,8 +39,11 @@ class HoldoutAccuracy(TrainerCallback):
 
     Generation and scoring are `Evaluator.generate`/`record` and `summarize`, as in `eval/evaluate.py`, with the same
     explicit greedy generation config and the same number of new tokens (`default_max_new_tokens`); the config is
-    written to `holdout_decoding.json` in the run folder. Runs on the main process only, while the other ranks
-    wait at their next collective; under ZeRO-3 the weights are sharded across ranks, so it refuses to start.
+    written to `holdout_decoding.json` in the run folder. Every process generates its own batches of the rows and
+    the records are gathered (`generated_records`, as `eval/evaluate.py` does), so N processes measure in about 1/N
+    of the time, get the records one process gets, and none waits for another into `ddp_timeout`; the main process
+    alone logs and writes. Under ZeRO-3 every forward pass gathers the sharded weights from all ranks, so ranks
+    that generate different batches (or none, in a last round) would wait for each other: it refuses to start.
     The metrics go through `Trainer.log` (TensorBoard tags `train/holdout/...`), not `GRPOTrainer.log`, which
     would fold TRL's buffered training metrics into this entry and clear them.
     """
@@ -85,26 +89,29 @@ class HoldoutAccuracy(TrainerCallback):
             self._log(state, control)
 
     def _log(self, state, control) -> None:
+        start = time.perf_counter()
+        metrics = self.measure()  # on every process: each generates its share
         if not state.is_world_process_zero:
             return
-        start = time.perf_counter()
-        metrics = self.measure()
-        logger.info("held-out step %d: %s (%.1f s)", state.global_step, metrics, time.perf_counter() - start)
+        seconds, processes = time.perf_counter() - start, self.trainer.args.world_size
+        logger.info("held-out step %d: %s (%.1f s, %d processes)", state.global_step, metrics, seconds, processes)
         should_log = control.should_log  # the log event clears it, which would drop this step's training metrics
         Trainer.log(self.trainer, {f"holdout/{key}": value for key, value in metrics.items()})
         control.should_log = should_log
 
     def measure(self) -> dict[str, float]:
-        """Summary metrics of greedy completions for the held-out rows; the model's train/eval mode is restored."""
+        """Summary metrics of greedy completions for the held-out rows, on every process (each generates its share
+        of the batches); the model's train/eval mode is restored."""
         model, args = self.trainer.model, self.trainer.args
         was_training = model.training
         evaluator = self.evaluator()
-        records = []
+        batches = chunks(range(len(self.rows)), args.per_device_eval_batch_size)
         try:
-            for indices in chunks(range(len(self.rows)), args.per_device_eval_batch_size):
-                rows, images = read_batch(self.rows, indices)
-                generated = evaluator.generate(rows, images, self.max_new_tokens)
-                records += [evaluator.record(row, result) for row, result in zip(rows, generated, strict=True)]
+            records = [
+                record
+                for round_records in generated_records(evaluator, self.rows, batches, self.max_new_tokens)
+                for record in round_records
+            ]
         finally:
             model.train(was_training)
         summary = summarize(records)
