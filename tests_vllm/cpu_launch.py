@@ -1,14 +1,8 @@
-"""Run a project entry point in the CPU vLLM test environment, with the workarounds only vLLM's CPU backend needs.
+"""Run a project entry point in the CPU vLLM test environment with test-only switches; without one, as is.
 
-    python tests_vllm/cpu_launch.py [--unfixed-prompts] recipes/train.py \
+    python tests_vllm/cpu_launch.py [--unfixed-prompts] [--vllm-dtype DTYPE] recipes/train.py \
         --config recipes/shapes/tiny_cpu_vllm_colocate.yaml
 
-CPU-only (never in users' code paths; GPU installs need none of it):
-- Colocated weight sync: TRL loads each parameter with `model.load_weights([(name, param)])`, which fails on the CPU
-  backend (`'Parameter' object has no attribute 'weight_loader'`: it repacks Linear weights after loading). The same
-  weights go through the model runner's `reload_weights(weights_iterator=...)`, which repacks them again.
-
-Test-only:
 - `--unfixed-prompts` sends TRL's own prompts to the engine (image placeholders already expanded, expanded again by
   vLLM), bypassing `VisionPromptEngine`: the corrupted run the logprob-gap guard must stop.
 - `--vllm-dtype float32` (or another dtype) starts TRL's colocated engine in that dtype. TRL passes none, so vLLM's
@@ -23,20 +17,8 @@ import runpy
 import sys
 
 import trl.generation.vllm_generation as trl_vllm
-from trl.generation.vllm_generation import VLLMGeneration
 
 from vision_grpo.training.vllm_generation import VisionPromptEngine
-
-_trl_sync_weights = VLLMGeneration.sync_weights
-
-
-def cpu_sync_weights(self: VLLMGeneration) -> None:
-    """TRL's colocated sync through `reload_weights`, which the CPU backend supports; server mode unchanged."""
-    if self.mode != "colocate":
-        return _trl_sync_weights(self)
-    runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-    runner.reload_weights(weights_iterator=self._iter_named_params())
-    self.llm.reset_prefix_cache()
 
 
 def trl_prompts(self: VisionPromptEngine, prompts: list, *args, **kwargs) -> list:
@@ -46,7 +28,6 @@ def trl_prompts(self: VisionPromptEngine, prompts: list, *args, **kwargs) -> lis
 
 def main() -> None:
     args = sys.argv[1:]
-    VLLMGeneration.sync_weights = cpu_sync_weights
     if args and args[0] == "--unfixed-prompts":
         VisionPromptEngine.generate = trl_prompts
         args = args[1:]

@@ -18,6 +18,12 @@ docs/scaling.md with the command):
 3. Vision tokens. TRL suppresses the image token only for HF generation; vLLM samples it, and training crashes a
    step later ("Image features and image tokens do not match"). A -100 logit bias on every vision special token
    (the ones `VisionGRPOTrainer` suppresses for HF generation) keeps vLLM from sampling them, in both modes.
+4. Weight sync (colocate). TRL's sync loads each merged parameter with the engine model's `load_weights` as-is:
+   a backend that repacks weights after loading (vLLM's CPU build; quantized kernels) leaves parameters without a
+   `weight_loader` and the load fails, and vLLM keeps each image's vision-tower output across requests, so after a
+   sync of LoRA on the vision tower it would reuse features of the old weights. `VisionVLLMGeneration.sync_weights`
+   runs TRL's sync inside vLLM's layerwise reload and then empties the encoder cache
+   (tests_vllm/test_weight_sync.py).
 """
 
 from __future__ import annotations
@@ -145,6 +151,25 @@ class VisionVLLMGeneration(VLLMGeneration):
                 generation.llm, processor.image_token_id, pixel_kwargs(processor), share_copies
             )
         return generation
+
+    def sync_weights(self) -> None:
+        """TRL's sync; in colocate mode inside vLLM's layerwise reload, and the engine's encoder cache emptied after.
+
+        The layerwise reload is what vLLM's own `reload_weights` puts around the same `load_weights` call: each
+        layer is put back in checkpoint form, takes TRL's tensors, and is processed (repacked) again once its last
+        weight is in, into the storage the engine already uses. TRL resets only the prefix cache; the encoder cache
+        holds vision-tower outputs of the old weights, which the next prompt with the same image would reuse.
+        """
+        if self.mode != "colocate":
+            return super().sync_weights()
+        # vLLM is an optional dependency: importable whenever a colocated engine runs.
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner  # the worker TRL loads into
+        initialize_layerwise_reload(runner.get_model())
+        super().sync_weights()
+        finalize_layerwise_reload(runner.get_model(), runner.model_config)
+        self.llm.llm_engine.reset_encoder_cache()
 
     def _place_features(self, features: dict | None, prompt_ids: list[int]) -> dict | None:
         """TRL's placement of server-computed image features, refused when the server's image size (its own pixel
