@@ -13,6 +13,7 @@ import re
 import signal
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from conftest import run_script
 
 from vision_grpo.plugins.reward_calls import StopRequested
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, get_reward_funcs
+from vision_grpo.run import stopping
 from vision_grpo.run.stopping import GracefulStop
 
 COMPLETIONS = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "a longer answer"}]]
@@ -275,19 +277,50 @@ def test_a_reward_cannot_change_what_the_rewards_after_it_read(tmp_path: Path) -
     assert completions[0][0]["content"] == "2" and answers == ["2", "5"] and len(completions) == 2
 
 
-def test_a_reward_that_never_returns_is_stopped_by_the_first_sigterm(tmp_path: Path) -> None:
+@pytest.fixture
+def graceful_stop_installed() -> Iterator[GracefulStop]:
+    """The run's signal handlers, as a training installs them, restored afterwards."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = GracefulStop(accelerator=None)  # the signal path needs no accelerator
+    stop.on_train_begin(None, None, None)
+    try:
+        yield stop
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_reward_that_never_returns_is_stopped_once_the_first_sigterms_grace_is_over(
+    tmp_path: Path, graceful_stop_installed: GracefulStop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stopping, "REWARD_STOP_GRACE_S", 0.5)
     name = unique("hangs")
     write_plugin(
         tmp_path,
         f"import time\n\n\n@reward()\ndef {name}(completions, **kwargs):\n    while True:\n        time.sleep(0.05)\n",
     )
     (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        GracefulStop(accelerator=None).on_train_begin(None, None, None)  # the signal path needs no accelerator
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-        with pytest.raises(StopRequested, match=rf"signal 15 during reward `{name}` \(running for \d+ s\): stopping"):
-            func(completions=COMPLETIONS)
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    expected = rf"signal 15 during reward `{name}`, still running 0.5 s later \(running for \d+ s\): stopping at once"
+    with pytest.raises(StopRequested, match=expected):
+        func(completions=COMPLETIONS)
+
+
+def test_a_signal_during_a_reward_that_returns_within_the_grace_stops_gracefully(
+    tmp_path: Path, graceful_stop_installed: GracefulStop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flaky case of a Ctrl-C landing in a healthy reward call: the call finishes, the step's checkpoint is
+    saved. The timer that would interrupt an overdue call fires after the call returned and must change nothing."""
+    monkeypatch.setattr(stopping, "REWARD_STOP_GRACE_S", 0.6)
+    name = unique("slow")
+    write_plugin(
+        tmp_path,
+        f"import time\n\n\n@reward()\ndef {name}(completions, **kwargs):\n    time.sleep(0.4)\n"
+        "    return [1.0] * len(completions)\n",
+    )
+    (func,) = get_reward_funcs([name], extra_dirs=[tmp_path])
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    assert func(completions=COMPLETIONS) == [1.0] * len(COMPLETIONS)
+    assert graceful_stop_installed.requested
+    time.sleep(0.5)  # past the grace: the timer found the call returned and sent nothing
+    assert graceful_stop_installed.requested and graceful_stop_installed._overdue is None
