@@ -27,6 +27,8 @@ from test_resume import folder_bytes, training_args
 
 from vision_grpo.evaluation.evaluate import TIMING_KEYS
 from vision_grpo.evaluation.results import partial_path
+from vision_grpo.storage import writes
+from vision_grpo.storage.writes import write_text_atomic
 
 CRASH_AT, CRASH_LOG = "VISION_GRPO_CRASH_AT", "VISION_GRPO_CRASH_LOG"
 
@@ -49,6 +51,37 @@ def sampled(count: int, size: int, seed: int) -> list[int]:
         return list(range(1, count + 1))
     print(f"crash points: {size} of {count} sampled with seed {seed}")
     return sorted(random.Random(seed).sample(range(1, count + 1), size))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a kill between an atomic write and its rename leaves: the temporary file.
+
+WRITE_ONE = (
+    "import sys; from pathlib import Path; from vision_grpo.storage.writes import write_text_atomic; "
+    "write_text_atomic(Path(sys.argv[1]), 'killed')"
+)
+
+
+def test_the_temporary_a_killed_writer_left_is_removed_by_the_next_write_of_that_file(tmp_path: Path) -> None:
+    """Killed at its first point (written, not yet renamed), a writer leaves its temporary beside the file; the
+    next write of that file removes it, but never a live writer's, nor a fresh one of another machine."""
+    path = tmp_path / "manifest.json"
+    crashed_at(["-c", WRITE_ONE, str(path)], 1)
+    (left,) = tmp_path.iterdir()
+    assert writes.is_temporary_of(left, path) and left.read_text() == "killed" and not path.exists()
+    with subprocess.Popen(["sleep", "30"]) as alive:
+        live = path.with_name(f"{path.name}.{writes.HOST}.{alive.pid}-0123abcd.tmp")
+        other_host = path.with_name(f"{path.name}.elsewhere.{os.getpid()}-4567cdef.tmp")
+        other_host_old = path.with_name(f"{path.name}.elsewhere.{os.getpid()}-89abcdef.tmp")
+        not_ours = path.with_name(f"{path.name}.notes.tmp")
+        for file in (live, other_host, other_host_old, not_ours):
+            file.write_text("")
+        hours_ago = time.time() - 2 * writes.STALE_TEMPORARY_S
+        os.utime(other_host_old, (hours_ago, hours_ago))
+        write_text_atomic(path, "next")
+        alive.kill()
+    assert path.read_text() == "next"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (path, live, other_host, not_ours))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

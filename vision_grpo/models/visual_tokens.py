@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 
 from vision_grpo.data import prepared, prompts_and_images
 from vision_grpo.data.prompts_and_images import fill_image
+from vision_grpo.storage.writes import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +112,7 @@ def check_visual_tokens(
         return _check_rows(dataset, range(count), processor, model_config, chat_template_kwargs, pixel_limits)
     checked = _check_every_prompt(dataset, processor, model_config, chat_template_kwargs, pixel_limits)
     record.parent.mkdir(parents=True, exist_ok=True)
-    temporary = record.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"prompts_checked": checked}))
-    temporary.replace(record)  # only once every prompt passed: an interrupted check leaves nothing
+    write_text_atomic(record, json.dumps({"prompts_checked": checked}))  # only once every prompt passed
     return checked
 
 

@@ -6,11 +6,14 @@ needed and what is free there, instead of a raw errno or a library's own words f
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,28 +99,67 @@ def naming_a_full_disk(path: Path, needed: int | None) -> Iterator[None]:
         raise DiskFull(errno.ENOSPC, full_disk_message(path, needed)) from error
 
 
-# The suffix `write_text_atomic` gives its temporary file: `.<pid>-<8 hex>.tmp`.
-TEMPORARY_SUFFIX = re.compile(r"\.[0-9]+-[0-9a-f]{8}\.tmp")
+# The suffix `write_text_atomic` gives its temporary file: `.<host>.<pid>-<8 hex>.tmp` (older versions: no host).
+TEMPORARY_SUFFIX = re.compile(r"(?:\.(?P<host>[A-Za-z0-9-]+))?\.(?P<pid>[0-9]+)-[0-9a-f]{8}\.tmp")
+# This machine in a temporary's name, so that a process id is only ever checked on the machine it belongs to.
+HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+# A temporary older than this is a killed writer's whatever its process id says: writing one takes milliseconds.
+STALE_TEMPORARY_S = 3600.0
+
+
+def temporary_writer(candidate: Path, path: Path) -> tuple[str | None, int] | None:
+    """The (host, process id) of the writer whose temporary file of `write_text_atomic(path)` `candidate` is, or
+    None if it is not one."""
+    name, stem = candidate.name, path.name
+    if candidate.parent != path.parent or not name.startswith(stem):
+        return None
+    match = TEMPORARY_SUFFIX.fullmatch(name[len(stem) :])
+    return (match["host"], int(match["pid"])) if match else None
 
 
 def is_temporary_of(candidate: Path, path: Path) -> bool:
     """Whether `candidate` is a temporary file of `write_text_atomic(path)`: one that a writer killed before its
-    rename left behind."""
-    name, stem = candidate.name, path.name
-    return (
-        candidate.parent == path.parent
-        and name.startswith(stem)
-        and bool(TEMPORARY_SUFFIX.fullmatch(name[len(stem) :]))
-    )
+    rename left behind, or one being written now."""
+    return temporary_writer(candidate, path) is not None
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` that writers killed before their rename left: those of this machine whose
+    process is not running, and any older than `STALE_TEMPORARY_S` (a writer on another machine sharing the folder
+    has a process id this one cannot check). A live writer's temporary is never touched; costs one folder listing."""
+    for candidate in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        writer = temporary_writer(candidate, path)
+        if writer is None:
+            continue
+        host, pid = writer
+        try:
+            old = time.time() - candidate.stat().st_mtime > STALE_TEMPORARY_S
+        except FileNotFoundError:
+            continue  # its writer renamed or removed it meanwhile
+        if old or (host == HOST and pid != os.getpid() and not process_running(pid)):
+            candidate.unlink(missing_ok=True)
+
+
+def process_running(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` through a temporary file and rename: the final name never holds a partial file, and a full disk
     leaves the previous file as it was and says so (`DiskFull`).
 
-    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file.
+    The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file;
+    temporaries that killed writers left are removed first (`remove_stale_temporaries`).
     """
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    remove_stale_temporaries(path)
+    tmp = path.with_name(f"{path.name}.{HOST}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     data = text.encode("utf-8")
     try:
         with naming_a_full_disk(path, len(data)), tmp.open("xb") as sink:  # the umask applies, as for any file
