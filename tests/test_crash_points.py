@@ -215,6 +215,28 @@ def test_training_killed_at_sampled_writes_resumes_to_bit_identical_weights(tmp_
     print(f"training: {len(names)} crash points, tried {chosen} (seed {seed}): {names}")
 
 
+@pytest.mark.slow
+def test_a_run_killed_after_its_last_checkpoint_resumes_to_its_end_without_another_step(tmp_path: Path) -> None:
+    """3 steps, 2 a epoch: killed once checkpoint-3 is whole, before the end record. transformers' loop would run a
+    fourth step on the resume (it checks max_steps only after a step); the resume must only save and close."""
+    probe = {"PROBE_LOG": str(tmp_path / "first.jsonl")}
+    run_script(training_args(tmp_path, "first", **STEPS), env=probe)  # caches built: the next run's points are its own
+    argv = training_args(tmp_path, "cut", **STEPS)
+    names = crash_points(training_args(tmp_path, "whole", **STEPS), tmp_path / "points.log", env=probe)
+    last_checkpoint = max(k for k, name in enumerate(names, 1) if name == "checksums.json renamed into place")
+    assert names[last_checkpoint:] and all("manifest.json" in name for name in names[last_checkpoint:]), names
+    crashed_at(argv, last_checkpoint, env=probe)
+    resumed_log = tmp_path / "resumed.jsonl"
+    run_script([*argv, "--resume_from_checkpoint", "last"], env={"PROBE_LOG": str(resumed_log)})
+    run_dir = tmp_path / "runs" / "cut"
+    assert not resumed_log.exists(), f"the resume trained again: {resumed_log.read_text()}"
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["ended"] is not None and manifest["global_step"] == 3
+    expected, got = final_weights(tmp_path / "runs" / "whole"), final_weights(run_dir)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[key], got[key]) for key in expected)
+
+
 KILLS = 3
 
 

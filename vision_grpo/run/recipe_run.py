@@ -36,7 +36,15 @@ from vision_grpo.run.manifest import (
 )
 from vision_grpo.run.rank_watch import RankWatch, watch_ranks
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
-from vision_grpo.run.resume import RunConflict, check_resume, checkpoint_fault, finished_step, resume_checkpoint
+from vision_grpo.run.resume import (
+    EndAtMaxSteps,
+    NothingLeftToTrain,
+    RunConflict,
+    check_resume,
+    checkpoint_fault,
+    finished_step,
+    resume_checkpoint,
+)
 from vision_grpo.run.threads import configure_threads
 from vision_grpo.storage.writes import is_temporary_of, naming_a_full_disk
 
@@ -142,7 +150,17 @@ class RecipeRun:
             configs = (self.task_args, self.training_args, self.model_args)
             write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)
         trainer.add_callback(CheckpointChecksums())
-        trainer.train(resume_from_checkpoint=self.resume_from)
+        trainer.add_callback(EndAtMaxSteps())
+        try:
+            trainer.train(resume_from_checkpoint=self.resume_from)
+        except NothingLeftToTrain:
+            logger.info(
+                "%s is at step %d of %d: nothing left to train; saving the final weights and the end record",
+                self.resume_from,
+                trainer.state.global_step,
+                trainer.state.max_steps,
+            )
+            trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
         # A full disk here is named; the run has no end record yet, so the same command with
         # `--resume_from_checkpoint last` loads the last checkpoint and saves the final weights again.
         trainable = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)

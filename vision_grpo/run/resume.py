@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.run.checksums import checksum_fault
@@ -22,6 +23,22 @@ logger = logging.getLogger(__name__)
 
 class RunConflict(ValueError):
     """A run folder that holds another run, or a resume that would continue a run with other settings."""
+
+
+class NothingLeftToTrain(Exception):
+    """Raised by `EndAtMaxSteps` once the checkpoint is loaded: the run is at its last step."""
+
+
+class EndAtMaxSteps(TrainerCallback):
+    """A resume from a checkpoint already at `max_steps` (a run killed after its last checkpoint, before its end
+    record) must train nothing. transformers' loop checks `max_steps` only after a step, so when the last epoch is
+    partial (3 steps of 2 per epoch) it runs one step more (measured: a fourth reward call, `checkpoint-4`, a
+    manifest at step 4). At `on_train_begin` the checkpoint's weights, optimizer and state are loaded, whatever the
+    backend (DeepSpeed's engine loads its own): stopping there leaves the model as the checkpoint has it."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise NothingLeftToTrain(state.global_step)
 
 
 def check_resume(
