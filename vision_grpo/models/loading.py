@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 
 from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.gated_deltanet import describe_gated_deltanet_path, gated_deltanet_path
 from vision_grpo.models.processing import load_processor
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def load_model(model_args: Any, trust_remote_code: bool = False, device_map: Any
     """
     if trust_remote_code:
         logger.warning("trust_remote_code is on: code from %s will run", model_args.model_name_or_path)
-    return AutoModelForImageTextToText.from_pretrained(
+    model = AutoModelForImageTextToText.from_pretrained(
         resolve_model_path(model_args.model_name_or_path),
         revision=model_args.model_revision,
         dtype=_dtype(model_args.dtype),
@@ -37,6 +38,9 @@ def load_model(model_args: Any, trust_remote_code: bool = False, device_map: Any
         trust_remote_code=trust_remote_code,
         device_map=device_map,
     )
+    if "linear_attention" in (getattr(model.config.get_text_config(), "layer_types", None) or ()):
+        logger.info(describe_gated_deltanet_path(gated_deltanet_path()))
+    return model
 
 
 def get_processor(model_args: Any, task_args: Any, trust_remote_code: bool = False):

@@ -1,0 +1,25 @@
+"""The Gated DeltaNet path is read with transformers' checks: absent kernels (as here) give the fallback."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from vision_grpo.models import gated_deltanet
+from vision_grpo.models.gated_deltanet import describe_gated_deltanet_path, gated_deltanet_path
+
+
+def test_without_the_kernels_the_torch_fallback_is_named():
+    if importlib.util.find_spec("fla") is not None:
+        pytest.skip("flash-linear-attention is installed here")
+    assert gated_deltanet_path() == "torch"
+    assert "torch fallback" in describe_gated_deltanet_path("torch")
+
+
+@pytest.mark.parametrize(("fla", "conv"), [(True, True), (True, False), (False, True)])
+def test_both_kernels_are_needed(monkeypatch, fla, conv):
+    # A mock: fla and causal-conv1d need CUDA, so their presence is simulated at transformers' checks.
+    monkeypatch.setattr(gated_deltanet, "is_flash_linear_attention_available", lambda: fla)
+    monkeypatch.setattr(gated_deltanet, "is_causal_conv1d_available", lambda: conv)
+    assert gated_deltanet_path() == ("kernels" if fla and conv else "torch")
