@@ -50,6 +50,8 @@ from typing import Any
 from common import REPO, markdown_table, read_step_log, report
 from gpu_qwen2_5_vl_3b import MAX_PIXELS, MIN_PIXELS, TEXT_CONFIG, VISION_CONFIG
 
+from vision_grpo.models.gated_deltanet import describe_gated_deltanet_path, gated_deltanet_path
+
 SEED_RECIPE = "recipes/geoqa/qwen3_5_4b_lora.yaml"
 # Qwen3.5-4B at its published dimensions: hidden 2,560, 32 layers with full attention every 4th (the rest Gated
 # DeltaNet), 16 query / 4 key-value heads of 256, vocabulary 248,320, tied embeddings, mrope [11, 11, 10] over a
@@ -240,6 +242,9 @@ def main() -> None:
     figures: dict[str, Any] = {name: {"parameters": parameter_count(name)} for name in args.models}
     for name in args.models:
         print(f"{name}: {figures[name]['parameters'] / 1e9:.2f} B parameters at the published dimensions")
+    if "qwen3.5-4b" in figures:  # which Gated DeltaNet implementation this machine's run takes (kernels or torch)
+        figures["qwen3.5-4b"]["gated_deltanet_path"] = gated_deltanet_path()
+        print(describe_gated_deltanet_path(figures["qwen3.5-4b"]["gated_deltanet_path"]))
     if args.dry_run:
         report("gpu_check", figures, args.json)
         return

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, run_script
 from tensorboard.backend.event_processing import event_accumulator
 
+from vision_grpo.models.gated_deltanet import gated_deltanet_path
 from vision_grpo.plan.build import SHIPPED_CONFIGS, parameter_counts
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -49,6 +50,7 @@ def test_the_real_size_configurations_are_the_shipped_hub_configs() -> None:
     the Hub's config.json (vision_grpo/plan/model_configs/). Qwen2.5-VL-3B has the plan's parameter count exactly, and
     Qwen3.5-4B's text model is the copy's key by key (its vision tower is the copy's only in the keys named here)."""
     figures = result_of(run_script(["benchmarks/gpu_check.py", "--dry-run"], timeout=300).stdout)
+    assert figures["qwen3.5-4b"]["gated_deltanet_path"] == gated_deltanet_path()  # "torch" here: no fla, no CUDA
     assert figures["qwen2.5-vl-3b"]["parameters"] == shipped_parameters("Qwen--Qwen2.5-VL-3B-Instruct")
     shipped = json.loads((SHIPPED_CONFIGS / "Qwen--Qwen3.5-4B.json").read_text())
     differing = {key for key, value in gpu_check.QWEN3_5_4B_TEXT.items() if shipped["text_config"].get(key) != value}
