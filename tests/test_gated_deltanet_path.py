@@ -23,3 +23,13 @@ def test_both_kernels_are_needed(monkeypatch, fla, conv):
     monkeypatch.setattr(gated_deltanet, "is_flash_linear_attention_available", lambda: fla)
     monkeypatch.setattr(gated_deltanet, "is_causal_conv1d_available", lambda: conv)
     assert gated_deltanet_path() == ("kernels" if fla and conv else "torch")
+
+
+def test_loading_a_qwen3_5_model_logs_the_path(caplog):
+    from trl import ModelConfig
+
+    from vision_grpo.models.loading import load_model
+
+    with caplog.at_level("INFO", logger="vision_grpo.models.loading"):
+        load_model(ModelConfig(model_name_or_path="vision-grpo/tiny-qwen3.5", dtype="float32"))
+    assert describe_gated_deltanet_path(gated_deltanet_path()) in caplog.messages
