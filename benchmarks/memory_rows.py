@@ -32,7 +32,7 @@ def layer_rows(family: str, layer_types: list[str], batch: int, length: int) -> 
     del output
     rows = []
     for index, layer_type in enumerate(layer_types):
-        planned = mf.text_layer_bytes_per_token(shape, layer_type, RANK, index == 0) * tokens
+        planned = mf.text_layer_bytes_per_token(shape, layer_type, RANK, index == 0, "torch") * tokens
         rows.append({"layer": index, "type": layer_type, "plan": planned, "measured": kept[f"layer {index}"]})
     lora = parameter_counts(config, RANK, lora_on_vision=False, targets=None)["lora"]
     rows.append(
@@ -126,7 +126,9 @@ def generation_rows(family: str, layer_types: list[str], batch: int, prompt: int
 
     lora = parameter_counts(config, RANK, lora_on_vision=False, targets=None)["lora"]
     prefill_plan = (
-        planned_cache(prompt) + batch * mf.prefill_bytes_per_sequence(shape, prompt, lora=True) + lora * mf.BF16
+        planned_cache(prompt)
+        + batch * mf.prefill_bytes_per_sequence(shape, prompt, lora=True, deltanet="torch")
+        + lora * mf.BF16
     )
     return {
         "cache_plan": planned_cache(prompt + steps),
@@ -220,7 +222,7 @@ def image_prefill_row(family: str, side: int) -> dict[str, float]:
         )
     del output
     prompt = ids.shape[1]
-    language = mf.prefill_bytes_per_sequence(shape, prompt, lora=True)
+    language = mf.prefill_bytes_per_sequence(shape, prompt, lora=True, deltanet="torch")
     language += image_tokens * mf.image_bytes_per_image_token(shape)
     encode = patches * (mf.vision_prefill_bytes_per_patch(shape) + mf.FP32 * pixels)
     lora = parameter_counts(config, RANK, lora_on_vision=False, targets=None)["lora"]

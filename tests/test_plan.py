@@ -58,7 +58,9 @@ def test_layer_formula_matches_what_autograd_keeps_on_the_tiny_replica(tiny_mode
     ids = torch.randint(0, config.get_text_config().vocab_size - 20, (1, tokens))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model.base_model.model.model.language_model(input_ids=ids, use_cache=False)
-    planned = mf.text_layer_bytes_per_token(mf.shape_of(config), "full_attention", 8, first=False) * tokens
+    planned = (
+        mf.text_layer_bytes_per_token(mf.shape_of(config), "full_attention", 8, first=False, deltanet="torch") * tokens
+    )
     assert 0.9 < kept["layer 1"] / planned < 1.1, (kept, planned)
 
 
@@ -110,7 +112,7 @@ def test_qwen3_5_layer_formula_matches_what_autograd_keeps(layer_type: str, fake
             output = language_model(input_ids=torch.zeros(1, tokens, dtype=torch.long), use_cache=False)
         kept = sum(size for label, ref, size in saved.values() if label == "layer 1" and not ref.expired())
         del output
-    planned = mf.text_layer_bytes_per_token(mf.shape_of(config), layer_type, 8, first=False) * tokens
+    planned = mf.text_layer_bytes_per_token(mf.shape_of(config), layer_type, 8, first=False, deltanet="torch") * tokens
     assert 0.8 < kept / planned < 1.2, (kept, planned)
 
 

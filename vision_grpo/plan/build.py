@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import yaml
 
+from vision_grpo.models.gated_deltanet import GatedDeltaNetPath, gated_deltanet_path
 from vision_grpo.plan import formulas as mf
 from vision_grpo.plan.parts import GiB, Part, Plan
 from vision_grpo.plan.zero import NO_DEEPSPEED, Zero, model_state_parts, zero_of_accelerate_config
@@ -138,8 +139,10 @@ def build_plan(
     prompt_text_tokens: int = DEFAULT_PROMPT_TEXT_TOKENS,
     images_per_prompt: int = 1,
     generation_batch_set: bool = False,
+    deltanet: GatedDeltaNetPath | None = None,
 ) -> Plan:
-    """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks laid out as `zero`."""
+    """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks laid out as `zero`. Qwen3.5's
+    Gated DeltaNet layers are counted on the `deltanet` path; None: the path they take on this machine."""
     config = model_config(model_args.model_name_or_path)
     if getattr(config, "vision_config", None) is None:
         raise RecipeError(
@@ -170,11 +173,14 @@ def build_plan(
         (-(-n // training_args.num_generations) if share else n) for n in (generated, batch)
     )
 
+    path_from = "--gated_deltanet_path" if deltanet else "detected here"
+    deltanet = deltanet or gated_deltanet_path()
     plan = Plan(
         model=model_args.model_name_or_path,
         sizes=f"micro-batch {batch} x ({prompt} prompt [{image_tokens} image tokens at {pixels} px, {pixels_from}; "
         f"{prompt_text_tokens} text, assumed] + {completion} completion) tokens, {generated} sequences generated "
-        f"at once, {num_processes} process(es), {zero.describe()}",
+        f"at once, {num_processes} process(es), {zero.describe()}"
+        + (f", Gated DeltaNet layers: {deltanet} ({path_from})" if "linear_attention" in shape.layer_types else ""),
     )
     plan.parts.extend(
         model_state_parts(counts, trainable, str(model_args.dtype), dtype_bytes, peft, num_processes, zero)
@@ -184,7 +190,7 @@ def build_plan(
         gathered = counts["total"] * dtype_bytes * (1 - (0 if zero.offload_param else 1) / num_processes)
         plan.parts.append(Part("weights gathered for generation", gathered, "generation", "ds3_gather_for_generation"))
 
-    layers = [mf.text_layer_bytes_per_token(shape, t, rank, i == 0) for i, t in enumerate(shape.layer_types)]
+    layers = [mf.text_layer_bytes_per_token(shape, t, rank, i == 0, deltanet) for i, t in enumerate(shape.layer_types)]
     full = sum(layers) * tokens + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
     checkpointed = len(layers) * tokens * shape.hidden * mf.BF16 + max(layers) * tokens
     gc = bool(training_args.activation_checkpointing)
@@ -256,7 +262,7 @@ def build_plan(
         )
         image_bytes = images_per_prompt * image_tokens * mf.image_bytes_per_image_token(shape)
         others = images_per_prompt * patches * ((generated - prefilled) * mf.FP32 * pixels + copied_pixels)
-        language = prefilled * (mf.prefill_bytes_per_sequence(shape, prompt, peft) + image_bytes) + others
+        language = prefilled * (mf.prefill_bytes_per_sequence(shape, prompt, peft, deltanet) + image_bytes) + others
         language += counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
         plan.parts.append(
             Part(

@@ -35,6 +35,8 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
     own.add_argument("--image_pixels", type=bounded_int("image_pixels"))
     own.add_argument("--prompt_text_tokens", type=bounded_int("prompt_text_tokens"), default=DEFAULT_PROMPT_TEXT_TOKENS)
     own.add_argument("--images_per_prompt", type=bounded_int("images_per_prompt"), default=1)
+    # Qwen3.5's Gated DeltaNet layers: plan for the path they take here (auto), or for another machine's
+    own.add_argument("--gated_deltanet_path", choices=("auto", "kernels", "torch"), default="auto")
     flags, rest = own.parse_known_args(argv)
     # The plan runs anywhere: without `use_cpu` a bf16 recipe is refused by TrainingArguments on a machine with no GPU
     task_args, training_args, model_args = parse_recipe(
@@ -52,6 +54,7 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
         flags.prompt_text_tokens,
         flags.images_per_prompt,
         generation_batch_set="generation_batch_size" in recipe or "--generation_batch_size" in rest,
+        deltanet=None if flags.gated_deltanet_path == "auto" else flags.gated_deltanet_path,
     )
     return plan, flags
 

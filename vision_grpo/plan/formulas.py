@@ -6,23 +6,25 @@ every adapted projection keeps its own bf16 copy of its input for backward), TRL
 (`trl.kernels.chunked_logprob.ChunkedLogProbFunction`: no `(batch, length, vocabulary)` logits, a 4096 x 32768 tile
 instead, and the hidden states it scores kept for backward) and transformers' `generate` with its dynamic cache.
 benchmarks/memory_plan.py measures each term on real-width few-layer models; docs/memory.md has the comparison.
+Qwen3.5's Gated DeltaNet terms take the path its layers run (`GatedDeltaNetPath`: the kernels or the torch fallback).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from vision_grpo.models.gated_deltanet import GatedDeltaNetPath
+from vision_grpo.plan.fake_count import LiveBytes, materialise_fake
 
 BF16, FP32 = 2, 4
 # trl.kernels.chunked_logprob: tokens per tile (TOKEN_CHUNK_SIZE) x vocabulary columns per tile (the trainer's chunk)
 HEAD_TILE_TOKENS, HEAD_TILE_VOCAB = 4096, 32768
+# fla.ops.gated_delta_rule.chunk_gated_delta_rule's default chunk_size, the one transformers runs
+FLA_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,11 @@ def image_tokens(shape: ModelShape, pixels: int) -> tuple[int, int]:
     return patches, patches // shape.merge**2
 
 
-def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: int, first: bool) -> float:
-    """Bytes one decoder layer keeps for backward per token (no gradient checkpointing).
+def text_layer_bytes_per_token(
+    shape: ModelShape, layer_type: str, lora_rank: int, first: bool, deltanet: GatedDeltaNetPath
+) -> float:
+    """Bytes one decoder layer keeps for backward per token (no gradient checkpointing), its Gated DeltaNet mixer
+    (Qwen3.5's linear_attention layers) on the `deltanet` path.
 
     `lora_rank` 0 means full fine-tuning (each linear keeps its input once); with LoRA every adapted projection keeps
     its own bf16 copy of its input plus the rank-wide middle. The first layer's input norm keeps nothing (its input,
@@ -119,7 +124,12 @@ def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: in
     mlp = 3 * BF16 * i + inputs(h, h, shared=h) + inputs(i, shared=i)  # gate, act(gate), up; down's input
     if layer_type == "linear_attention":
         mixer_in = shape.linear_value_heads * shape.linear_value_dim
-        mixer = gated_delta_net_bytes_per_token(shape) + inputs(h, h, h, h, mixer_in, shared=h + mixer_in)
+        kept = (
+            gated_delta_net_bytes_per_token(shape)
+            if deltanet == "torch"
+            else gated_delta_net_kernel_bytes_per_token(shape)
+        )
+        mixer = kept + inputs(h, h, h, h, mixer_in, shared=h + mixer_in)
         return norms + mixer + mlp
     attention = 2 * BF16 * q + 2 * BF16 * kv + FP32 * shape.heads  # sdpa: q, out, k, v, log-sum-exp
     if shape.qk_norm:
@@ -127,22 +137,6 @@ def text_layer_bytes_per_token(shape: ModelShape, layer_type: str, lora_rank: in
     if shape.attn_output_gate:
         attention += 2 * BF16 * q  # sigmoid(gate) and the attention output it multiplies
     return norms + attention + inputs(h, h, h, q, shared=h + q) + mlp
-
-
-@functools.cache
-def materialise_fake(model: torch.nn.Module, dtype: torch.dtype | None = None, trainable: bool | None = None) -> None:
-    """Give a model built on the meta device fake CPU parameters and buffers of the same shapes (in `dtype` and with
-    `requires_grad=trainable` where given): called under the `FakeTensorMode` that will run it, so its forward runs
-    transformers' real code with real shapes and dtypes, and no data."""
-    for module in model.modules():
-        for name, value in list(module._parameters.items()):
-            if value is not None:
-                fake = torch.empty(value.shape, dtype=dtype or value.dtype, device="cpu")
-                grad = value.requires_grad if trainable is None else trainable
-                module._parameters[name] = torch.nn.Parameter(fake, requires_grad=grad)
-        for name, value in list(module._buffers.items()):
-            if value is not None:
-                module._buffers[name] = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
 
 
 def _fake_gated_delta_net(shape: ModelShape) -> torch.nn.Module:
@@ -172,7 +166,6 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
     their float32 operands, and the meta device (which autocast does not reach) would count float32 ones instead.
     The frozen weights are left out (they are the weights part of the plan)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.multiprocessing.reductions import StorageWeakRef
 
     mixer = _fake_gated_delta_net(shape)
     with FakeTensorMode():
@@ -197,41 +190,6 @@ def gated_delta_net_bytes_per_token(shape: ModelShape, tokens: int = 256) -> flo
     return total / tokens
 
 
-class LiveBytes(TorchDispatchMode):
-    """Bytes of live tensor storages after every op (allocations seen as outputs, frees as expired storages), and
-    their peak: what the caching allocator must hold at once, on fake tensors as on real ones."""
-
-    def __init__(self, exclude: set[int]) -> None:
-        super().__init__()
-        self.exclude = exclude  # storages of the weights: their views (a transpose, a slice) allocate nothing
-        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.current = self.peak = 0
-
-    def __torch_dispatch__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.sweep()
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                storage = tensor.untyped_storage()
-                if storage._cdata not in self.live and storage._cdata not in self.exclude:
-                    self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
-                    self.current += storage.nbytes()
-        self.peak = max(self.peak, self.current)
-        return out
-
-    def sweep(self) -> None:
-        for key, (ref, size) in list(self.live.items()):
-            if ref.expired():
-                del self.live[key]
-                self.current -= size
-
-    def start(self) -> int:
-        """Reset the peak to the bytes live now, and return them (the baseline of a region)."""
-        self.sweep()
-        self.peak = self.current
-        return self.current
-
-
 @functools.cache
 def gated_delta_net_prefill_bytes(shape: ModelShape, prompt: int) -> float:
     """Peak bytes above its input of Qwen3.5's Gated DeltaNet mixer over one sequence's `prompt`-token prefill (no
@@ -252,15 +210,60 @@ def gated_delta_net_prefill_bytes(shape: ModelShape, prompt: int) -> float:
     return float(live.peak)
 
 
-def prefill_bytes_per_sequence(shape: ModelShape, prompt: int, lora: bool) -> float:
+def gated_delta_net_kernel_bytes_per_token(shape: ModelShape) -> float:
+    """Bytes per token that Qwen3.5's Gated DeltaNet mixer (without its projections' inputs) keeps for backward on
+    the kernel path: what causal-conv1d's `CausalConv1dFn` (causal_conv1d/causal_conv1d_interface.py) and
+    flash-linear-attention 0.5's `ChunkGatedDeltaRuleFunction` (fla/ops/gated_delta_rule/chunk.py) save, and what
+    transformers' torch code around them saves on both paths:
+
+    - the convolution's input, the q/k/v projection's bf16 output (SiLU is fused, recomputed in backward);
+    - the gates: sigmoid's bf16 output beta (the tensor fla saves as beta) and softplus's float32 input;
+    - fla: q and k after its fused l2 norm (bf16) with a float32 reciprocal norm per head, the contiguous copy of v
+      its `input_guard` makes (bf16), the chunk-local cumulative gate (float32 per value head) and A, each 64-token
+      chunk's solved (I + A)^-1 as 64 bf16 per token and value head, the one term the chunk sets. The per-chunk
+      states h and the WY terms w, u are recomputed in backward, not kept;
+    - the gated RMSNorm: float32 copies of the output, of the gate z and of SiLU(z), a reciprocal norm per head, and
+      the bf16 weighted output.
+
+    The torch fallback keeps float32 per-chunk copies of q, k, v and 64 x 64 float32 matrices per chunk and head
+    instead (`gated_delta_net_bytes_per_token`). fla needs CUDA, so this count is not measured here:
+    tests/test_plan_kernels.py runs transformers' module with stand-ins that allocate and save what the kernels'
+    code does."""
+    k_heads, v_heads = shape.linear_key_heads, shape.linear_value_heads
+    key, value = k_heads * shape.linear_key_dim, v_heads * shape.linear_value_dim
+    gates = BF16 * v_heads + FP32 * v_heads
+    fla = 2 * BF16 * key + 2 * FP32 * k_heads + BF16 * value + FP32 * v_heads + BF16 * FLA_CHUNK * v_heads
+    norm = 3 * FP32 * value + FP32 * v_heads + BF16 * value
+    return BF16 * (2 * key + value) + gates + fla + norm
+
+
+def gated_delta_net_kernel_prefill_bytes(shape: ModelShape, prompt: int) -> float:
+    """Peak bytes above its input of Qwen3.5's Gated DeltaNet mixer over one sequence's `prompt`-token prefill on the
+    kernel path (no gradient), when fla's `chunk_fwd_o` allocates the output. Alive then, per token: the bf16
+    convolution output (its q, k, v views live through the forward), z, b, a, beta and the float32 gate; in fla the
+    contiguous copies of q, k, v (`input_guard`), the l2-normed q, k and their float32 norms, the float32 cumulative
+    gate, A (64 bf16 per value head), w (key dim per value head), u, v_new and o (value-wide bf16 each); and per
+    started 64-token chunk its bf16 state h (value heads x key dim x value dim). The float32 final state is the
+    cache's; the gated RMSNorm after it holds less."""
+    k_heads, v_heads = shape.linear_key_heads, shape.linear_value_heads
+    key, value = k_heads * shape.linear_key_dim, v_heads * shape.linear_value_dim
+    module = BF16 * (2 * key + value) + BF16 * value + 3 * BF16 * v_heads + FP32 * v_heads
+    inside = BF16 * (2 * key + value) + 2 * BF16 * key + 2 * FP32 * k_heads + FP32 * v_heads
+    inside += BF16 * FLA_CHUNK * v_heads + BF16 * v_heads * shape.linear_key_dim + 3 * BF16 * value
+    states = -(-prompt // FLA_CHUNK) * BF16 * v_heads * shape.linear_key_dim * shape.linear_value_dim
+    return (module + inside) * prompt + states
+
+
+def prefill_bytes_per_sequence(shape: ModelShape, prompt: int, lora: bool, deltanet: GatedDeltaNetPath) -> float:
     """Peak bytes of the language model's prefill of one `prompt`-token sequence above its cache (no gradient).
 
     Alive at the peak, besides the cache being built: the input embeddings (the model's forward holds them), the
     decoder layer's input, and the largest layer's transient. In a full-attention layer that is its MLP's up
     projection: act(gate), up's base output and (with LoRA) the adapter's output and its scaled copy, each
     intermediate-wide bf16, with the adapter's float32 copy of its input, the post-attention residual and its norm;
-    sdpa holds no prompt x prompt matrix. In a Gated DeltaNet layer, the mixer's chunked torch fallback (counted)
-    over the normed input. The rotary cosine and sine tables stay alive through all layers."""
+    sdpa holds no prompt x prompt matrix. In a Gated DeltaNet layer, the mixer over the normed input, on the
+    `deltanet` path: the kernels, or the chunked torch fallback (counted). The rotary cosine and sine tables stay
+    alive through all layers."""
     h, i = shape.hidden, shape.intermediate
     stream = 2 * BF16 * h + 2 * BF16 * shape.rotary_dim  # embeddings, layer input; rotary cos and sin
     peaks = []
@@ -268,7 +271,12 @@ def prefill_bytes_per_sequence(shape: ModelShape, prompt: int, lora: bool) -> fl
         mlp = (4 * BF16 * i + FP32 * h) if lora else 3 * BF16 * i
         peaks.append((mlp + 2 * BF16 * h) * prompt)
     if "linear_attention" in shape.layer_types:
-        peaks.append(BF16 * h * prompt + gated_delta_net_prefill_bytes(shape, prompt))
+        mixer = (
+            gated_delta_net_prefill_bytes(shape, prompt)
+            if deltanet == "torch"
+            else gated_delta_net_kernel_prefill_bytes(shape, prompt)
+        )
+        peaks.append(BF16 * h * prompt + mixer)
     return stream * prompt + max(peaks)
 
 
