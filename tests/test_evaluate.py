@@ -688,17 +688,27 @@ def test_a_two_process_resume_with_one_batch_left(
     assert resumed["summary"]["samples_per_s"] == pytest.approx(1 / resumed["summary"]["total_seconds"])
 
 
-@pytest.mark.slow
-def test_vllm_under_a_multi_process_launch_is_refused_with_the_command_that_works(tmp_path: Path) -> None:
-    """Refused on every rank before any model or engine loads (vLLM is not even imported), naming the one-process
-    command with the same arguments."""
-    output = tmp_path / "eval.json"
-    launch = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml", "eval/evaluate.py"]
-    args = ["--config", SHAPES_RECIPE, "--backend", "vllm", "--limit", "2", "--output", str(output)]
-    process = run_script([*launch, *args], check=False)
-    assert process.returncode != 0
-    refusals = [line for line in process.stderr.splitlines() if "--backend vllm runs one engine in one process" in line]
-    # Each rank names it as its first line (`error: ...`), which torch's report repeats as the root cause.
-    assert sum(line.startswith("error: ") for line in refusals) == 2, "each rank refuses"
-    assert f"python eval/evaluate.py {' '.join(args)}" in process.stderr
-    assert "No module named 'vllm'" not in process.stderr and not list(tmp_path.iterdir())
+def test_a_tensor_parallel_size_that_does_not_divide_the_processes_is_refused_naming_the_flag() -> None:
+    from vision_grpo.evaluation.vllm_backend import check_tensor_parallel  # imports no vLLM
+
+    with pytest.raises(ValueError, match=r"--tensor_parallel_size 2 must divide the number of processes \(3\)"):
+        check_tensor_parallel(2, 3)
+    assert [check_tensor_parallel(t, 4) for t in (1, 2, 4)] == [4, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "vllm", "tensor_parallel_size": 0}, "tensor_parallel_size must be at least 1"),
+        ({"tensor_parallel_size": 2}, "--tensor_parallel_size 2 splits a vLLM engine: pass --backend vllm"),
+    ],
+)
+def test_tensor_parallel_size_is_checked_with_the_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EvalArguments(**kwargs)
+
+
+def test_engines_on_one_device_share_vllms_memory_fraction() -> None:
+    from vision_grpo.evaluation.vllm_backend import share_of
+
+    assert [share_of(0.9, engines) for engines in (1, 2, 3)] == pytest.approx([0.9, 0.45, 0.3])

@@ -45,11 +45,18 @@ class EvalArguments:
         default="hf",
         metadata={"help": "`hf` (transformers generate) or `vllm` (needs vLLM): the same prompts, records, summary."},
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={
+            "help": "vLLM backend: processes that share one engine (tensor parallel); it must divide the number of "
+            "processes, and each group of this many evaluates its own share of the rows."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.image_control not in IMAGE_CONTROLS:
             raise ValueError(f"image_control must be one of {IMAGE_CONTROLS}, got {self.image_control!r}")
-        for name in ("batch_size", "max_new_tokens", "limit"):
+        for name in ("batch_size", "max_new_tokens", "limit", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -57,5 +64,10 @@ class EvalArguments:
             raise ValueError(f"device_map must be `auto` or unset, got {self.device_map!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.tensor_parallel_size > 1 and self.backend != "vllm":
+            raise ValueError(
+                f"--tensor_parallel_size {self.tensor_parallel_size} splits a vLLM engine: pass --backend vllm "
+                "(the HF backend holds one whole model per process)"
+            )
         if self.resume and self.overwrite:
             raise ValueError("--resume keeps an interrupted run's records and --overwrite drops them: pass one")

@@ -39,7 +39,11 @@ def build_evaluator(task_args: Any, train_args: Any, model_args: Any, eval_args:
     if eval_args.backend == "vllm":
         from vision_grpo.evaluation.vllm_backend import VLLMEvaluator  # imports vLLM: only for this backend
 
-        vllm_args = {"adapter": eval_args.adapter, "merge": eval_args.merge_adapter}
+        vllm_args = {
+            "adapter": eval_args.adapter,
+            "merge": eval_args.merge_adapter,
+            "tensor_parallel_size": eval_args.tensor_parallel_size,
+        }
         evaluator = VLLMEvaluator(
             *common, model_args=model_args, trust_remote_code=train_args.trust_remote_code, **vllm_args
         )

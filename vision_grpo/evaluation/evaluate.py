@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import sys
 import time
 from contextlib import ExitStack
@@ -151,12 +150,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             check_vllm_lora(eval_args.adapter)
     configure_threads()
     state = PartialState()
-    if eval_args.backend == "vllm" and state.num_processes > 1:
-        raise ValueError(
-            f"--backend vllm runs one engine in one process, and this is process {state.process_index} of "
-            f"{state.num_processes} (accelerate launch or torchrun): an engine per rank would each hold a whole "
-            f"model with default memory use. Start it as one process: python eval/evaluate.py {shlex.join(argv)}"
-        )
+    if eval_args.backend == "vllm":
+        from vision_grpo.evaluation.vllm_backend import check_tensor_parallel  # imports no vLLM
+
+        check_tensor_parallel(eval_args.tensor_parallel_size, state.num_processes)
     max_new_tokens = eval_args.max_new_tokens or default_max_new_tokens(task_args, train_args)
     settings = {
         "recipe": recipe_path_of(argv),
@@ -175,6 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_processes": state.num_processes,
         "decoding": "greedy",
         "backend": eval_args.backend,
+        "tensor_parallel_size": eval_args.tensor_parallel_size,
         "seed": SEED,
         "packages": package_versions(),
     }
@@ -182,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         settings = claim_output(eval_args, model_args, settings, held)
         torch.manual_seed(SEED)
         evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
+        held.callback(evaluator.close)  # after the evaluation's last collective, before the output's lock goes
         dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
         if eval_args.limit:
             dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
@@ -192,6 +191,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **evaluator.placement(),
         }
         result = run_evaluation(evaluator, dataset, eval_args, max_new_tokens, metadata)
-    if state.num_processes > 1:
-        state.destroy_process_group()  # leave together (see RecipeRun.train_and_save)
+    if torch.distributed.is_initialized():  # a vLLM engine's shutdown has closed it already
+        state.destroy_process_group()  # leave together (see RecipeRun.close)
     return result

@@ -34,6 +34,9 @@ def default_max_new_tokens(task_args: Any, train_args: Any) -> int:
 class Evaluator:
     """Greedy batched generation over prompts built by the training code, scored per example."""
 
+    # Processes that generate each batch together (one sharded vLLM engine); the HF backend's each generate alone.
+    tensor_parallel_size = 1
+
     def __init__(self, model: Any, processor: Any, task: str, reward_funcs: list, chat_template_kwargs: dict) -> None:
         self.model = model.eval()
         self.processor = processor
@@ -52,6 +55,9 @@ class Evaluator:
     def placement(self) -> dict[str, str]:
         """The dtype and device type of the weights that generate (recorded in a result's metadata)."""
         return {"dtype": str(self.model.dtype).removeprefix("torch."), "device": self.model.device.type}
+
+    def close(self) -> None:
+        """Release what the generating side holds beyond this object; the HF model goes with the evaluator."""
 
     def generation_config(self, max_new_tokens: int) -> GenerationConfig:
         """Greedy decoding, built here: no repetition penalty, top-k/top-p or length rule from the checkpoint."""

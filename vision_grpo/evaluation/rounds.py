@@ -27,10 +27,16 @@ def generated_records(
     """Each round's records, on every process, in batch order: every process generates its own batch of the round
     (`batches_of_rank`) and the records are gathered, so the concatenated rounds are the records of `batches` in
     order, whatever the number of processes. The batches themselves do not depend on it, so neither does the padding
-    a row is generated with."""
+    a row is generated with.
+
+    Processes that share one engine (`evaluator.tensor_parallel_size` consecutive ranks) generate the same batch
+    together, and only the first of them reports its records, so each batch is gathered once."""
     state = PartialState()
-    for mine in batches_of_rank(batches, state.process_index, state.num_processes):
+    group = evaluator.tensor_parallel_size
+    for mine in batches_of_rank(batches, state.process_index // group, state.num_processes // group):
         rows, images = read_batch(dataset, mine, control)
         generated = evaluator.generate(rows, images, max_new_tokens)
         records = [evaluator.record(row, result) for row, result in zip(rows, generated, strict=True)]
+        if state.process_index % group:
+            records = []
         yield gather_object(records) if state.num_processes > 1 else records

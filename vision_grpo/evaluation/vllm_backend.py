@@ -15,16 +15,24 @@ Qwen2.5-VL, Qwen3-VL and Qwen3.5 model classes, but on the language model only u
 `modules_to_save`, LoRA biases) is refused before anything loads, naming the export (`python -m vision_grpo.export`)
 as the way. With `--merge_adapter` the model is loaded once to merge the adapter, saved for the engine to load, and
 freed before the engine starts.
+
+Under `accelerate launch` or `torchrun` every process builds its own engine with vLLM's `external_launcher`
+executor, inside the launch's process group: with `--tensor_parallel_size 1` each engine is a data-parallel
+replica that generates its own share of the rows (vision_grpo/evaluation/rounds.py, as the HF backend splits them);
+with `--tensor_parallel_size T` each group of T consecutive ranks runs one engine sharded T ways, all T generating
+the group's rows together.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
 from PIL import Image
 from safetensors import safe_open
 
@@ -37,6 +45,27 @@ from vision_grpo.models.vllm_prompts import check_engine_prompt, collapse_image_
 
 # vLLM's accepted `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def check_tensor_parallel(tensor_parallel_size: int, num_processes: int) -> int:
+    """The number of engines (data-parallel replicas) a launch of `num_processes` runs with `tensor_parallel_size`
+    processes per engine; refused, before anything loads, when the processes do not divide into whole engines."""
+    if num_processes % tensor_parallel_size:
+        raise ValueError(
+            f"--tensor_parallel_size {tensor_parallel_size} must divide the number of processes ({num_processes}): "
+            f"each engine runs on {tensor_parallel_size} processes of the launch (accelerate launch or torchrun "
+            f"with a multiple of {tensor_parallel_size} processes; one engine: --num_processes "
+            f"{tensor_parallel_size})"
+        )
+    return num_processes // tensor_parallel_size
+
+
+def share_of(utilization: float, engines: int) -> float:
+    """The memory fraction each of `engines` engines on one device may take so that together they take
+    `utilization`, vLLM's default for one. vLLM's CPU backend reserves that fraction of the machine's RAM per engine
+    (`gpu_memory_utilization`, unless VLLM_CPU_KVCACHE_SPACE sets the KV cache), so a second engine at the default
+    finds too little left and refuses to start."""
+    return utilization / engines
 
 
 class UnservableAdapter(ValueError):
@@ -103,8 +132,10 @@ class VLLMEvaluator(Evaluator):
         adapter: str | None,
         merge: bool,
         trust_remote_code: bool,
+        tensor_parallel_size: int = 1,
     ) -> None:
         from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
         from vllm.lora.request import LoRARequest
 
         path = resolve_model_path(model_args.model_name_or_path)
@@ -118,6 +149,15 @@ class VLLMEvaluator(Evaluator):
         self._merged_dir = tempfile.TemporaryDirectory(prefix="vision-grpo-vllm-") if adapter and merge else None
         if self._merged_dir is not None:
             save_merged(model_args, adapter, processor, trust_remote_code, Path(self._merged_dir.name))
+        state = PartialState()
+        self.tensor_parallel_size = tensor_parallel_size
+        parallel: dict[str, Any] = {}
+        if state.num_processes > 1:  # one engine per process, in the launch's process group
+            parallel["distributed_executor_backend"] = "external_launcher"
+            parallel["tensor_parallel_size"] = tensor_parallel_size
+            if state.device.type == "cpu":  # every engine of this machine shares its RAM; a GPU rank has its own GPU
+                engines = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                parallel["gpu_memory_utilization"] = share_of(EngineArgs.gpu_memory_utilization, engines)
         self.llm = LLM(
             model=self._merged_dir.name if self._merged_dir is not None else path,
             dtype=model_args.dtype or "auto",
@@ -127,7 +167,14 @@ class VLLMEvaluator(Evaluator):
             mm_processor_kwargs=pixel_kwargs(self.processor),
             limit_mm_per_prompt={"video": 0},  # images only: no video profiling
             **lora,
+            **parallel,
         )
+
+    def close(self) -> None:
+        """Shut the engine down now, not at interpreter exit: with several processes each engine's workers and
+        groups are torn down while every rank is still here. vLLM's teardown also closes the launch's process
+        group (`cleanup_dist_env_and_memory`), so it runs after the evaluation's last collective."""
+        self.llm.llm_engine.engine_core.shutdown()
 
     def placement(self) -> dict[str, str]:
         """The engine's dtype and device: it holds the weights that generate."""
