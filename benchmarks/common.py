@@ -40,6 +40,7 @@ class Measured:
     output: str
     started: float  # epoch seconds just before the start, comparable with TensorBoard's wall times
     cpu_samples: list[tuple[float, float]]  # (epoch seconds, CPU seconds used so far) of the process itself
+    rss_samples: list[tuple[float, float]]  # (epoch seconds, VmRSS MiB) of the process itself, every 50 ms
 
     def cpu_at(self, wall_time: float) -> float:
         """CPU seconds the process had used at epoch time `wall_time`, interpolated between samples."""
@@ -48,17 +49,25 @@ class Measured:
         times, cpu = zip(*self.cpu_samples, strict=True)
         return float(np.interp(wall_time, times, cpu))
 
+    def rss_at(self, wall_time: float) -> float:
+        """VmRSS (MiB) of the last sample taken at or before epoch time `wall_time`: resident memory then, unlike
+        the peak, which a long run's growth would hide behind its first start's high-water mark."""
+        taken = [rss for when, rss in self.rss_samples if when <= wall_time]
+        if not taken:
+            raise ValueError(f"no RSS sample at or before {wall_time}: the process started after it")
+        return taken[-1]
 
-def _peak_rss_so_far_mib(pid: int) -> float | None:
-    """The kernel's high-water mark of resident memory of process `pid` (VmHWM), in MiB; None once it is gone.
 
-    Unlike `ru_maxrss`, VmHWM belongs to the memory image started by exec: a child forked from a large parent (a
-    long pytest session) does not report the parent's peak as its own. Being a high-water mark, a reading taken
-    any time after the peak holds it.
+def _status_mib(pid: int, key: str) -> float | None:
+    """A memory figure of process `pid` from /proc/<pid>/status, in MiB; None once the process is gone.
+
+    `VmRSS` is resident memory now. `VmHWM`, unlike `ru_maxrss`, is the high-water mark of the memory image started
+    by exec: a child forked from a large parent (a long pytest session) does not report the parent's peak as its own;
+    being a high-water mark, a reading taken any time after the peak holds it.
     """
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
     except (OSError, ValueError):
         return None
@@ -88,12 +97,15 @@ def run_measured(args: Sequence[str], timeout: float = 900, env: dict[str, str] 
             [sys.executable, *args], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
         samples: list[tuple[float, float]] = [(started, 0.0)]
+        rss_samples: list[tuple[float, float]] = []
         peak_mib = 0.0
         while True:
-            cpu = _cpu_seconds(process.pid)
+            cpu, rss = _cpu_seconds(process.pid), _status_mib(process.pid, "VmRSS")
             if cpu is not None:
                 samples.append((time.time(), cpu))
-            peak_mib = max(peak_mib, _peak_rss_so_far_mib(process.pid) or 0.0)
+            if rss is not None:
+                rss_samples.append((time.time(), rss))
+            peak_mib = max(peak_mib, _status_mib(process.pid, "VmHWM") or 0.0)
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
                 break
@@ -111,7 +123,7 @@ def run_measured(args: Sequence[str], timeout: float = 900, env: dict[str, str] 
     # memory of the process it was forked from.
     peak_mib = peak_mib or usage.ru_maxrss / 1024
     cpu_total = usage.ru_utime + usage.ru_stime
-    return Measured(process.returncode, wall, peak_mib, cpu_total, output, started, samples)
+    return Measured(process.returncode, wall, peak_mib, cpu_total, output, started, samples, rss_samples)
 
 
 def check(measured: Measured, what: str) -> Measured:

@@ -3,7 +3,7 @@ or a list of images per row) prepared by `get_dataset` in a fresh process per st
 `recipes/train.py` run on it.
 
     python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
-        [--row-group-rows 100] [--loader-epochs 2] [--train-steps 2 [--token-check-samples 32]]
+        [--row-group-rows 100] [--loader-epochs 2] [--train-steps 2 [--token-check-samples 32]] [--train-epochs 2]
         [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
 
 The source is one `train.parquet` written by `datasets`' `to_parquet` in row groups of `--row-group-rows` rows (100:
@@ -17,6 +17,8 @@ file to its Arrow cache) and of the second (the cache read), rows/s of the pass,
 its anonymous part (memory the process owns) and its file-backed part (pages of memory-mapped files it read, which
 the kernel reclaims), the disk of the checked-rows cache and of the source's Arrow cache, and, with `--train-steps`,
 the training process's peak RSS and seconds from its start to its first step, first and second start.
+`--train-epochs` trains the tiny recipe until every row was read that many times (32 prompts a step) and prints the
+training process's resident memory (VmRSS) growth from after its first 50 steps to its last.
 `--loader-epochs` reads the rows that many epochs as the training loader does (shuffled batches, no model), with and
 without the loader's page release, and prints its RSS growth from after its first 50 batches to the end. `--scratch`
 keeps the generated sources there (reused by a later call with the same settings); by default they live in a
@@ -42,6 +44,8 @@ from common import REPO, check, machine, markdown_table, read_step_log, report, 
 from PIL import Image, ImageDraw
 
 MAX_PIXELS = 1003520
+# `--train-epochs`: completions per step and per prompt (TRL's minimum group), so a step reads 32 prompts' rows.
+TRAIN_BATCH, TRAIN_GENERATIONS = 64, 2
 RECIPE = REPO / "recipes" / "vqa" / "tiny_clevr_count.yaml"
 # The child: one `get_dataset` start, its time and its memory (read from /proc every 20 ms by a thread, since the
 # peak of each part falls somewhere inside the pass).
@@ -168,21 +172,45 @@ def starts(folder: Path, cache: Path, count: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.output.strip().splitlines()[-count:]]
 
 
-def train(folder: Path, cache: Path, steps: int, run_dir: Path, token_checks: int) -> dict[str, float]:
-    """A `steps`-step run of `recipes/train.py` on the source: its peak RSS and seconds from start to first step
-    (model load included)."""
+def train(
+    folder: Path, cache: Path, steps: int, run_dir: Path, token_checks: int, batch: list[str] | None = None
+) -> dict[str, Any]:
+    """A `steps`-step run of `recipes/train.py` on the source: its peak RSS, seconds from start to first step (model
+    load included) and its resident memory (VmRSS) when each step was logged (`batch`: the recipe keys of a long
+    run, see `epochs_run`; it keeps the tiny replica's own pixel limit)."""
     # The same pixel limit as the `get_dataset` starts (the tiny replica's processor would cap images far lower), so
     # that training reads the cache they made. The recipe's `token_check_samples: -1` renders every prompt through
     # the processor at the first start (rows x tens of ms): the default sample keeps this a measure of the data path.
+    limit = [] if batch else ["--max_pixels", str(MAX_PIXELS)]
     argv = ["recipes/train.py", "--config", str(RECIPE), *recipe_keys(folder), "--max_steps", str(steps),
-            "--output_dir", str(run_dir), "--save_strategy", "no", "--max_pixels", str(MAX_PIXELS),
-            "--token_check_samples", str(token_checks)]  # fmt: skip
+            "--output_dir", str(run_dir), "--save_strategy", "no", *limit,
+            "--token_check_samples", str(token_checks), *(batch or [])]  # fmt: skip
     env = {"HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    done = check(run_measured(argv, timeout=3600, env=env), "recipes/train.py")
+    done = check(run_measured(argv, timeout=4 * 3600, env=env), "recipes/train.py")
+    log = read_step_log(run_dir)
     return {
         "peak_rss_mib": done.peak_rss_mib,
-        "to_first_step_s": read_step_log(run_dir).first_step_start() - done.started,
+        "to_first_step_s": log.first_step_start() - done.started,
+        "rss_at_step_mib": [done.rss_at(when) for when in log.wall_times],
     }
+
+
+def epochs_run(folder: Path, cache: Path, rows: int, epochs: int, run_dir: Path) -> dict[str, Any]:
+    """Training that reads every row `epochs` times: TRL's sampler gives each step `TRAIN_BATCH / TRAIN_GENERATIONS`
+    prompts (each row read once per completion), so `rows * epochs` prompts take that many steps; resident memory
+    after the first 50 steps against at the end says whether it grows with the rows read. The rows are read and
+    decoded at their source size; the model sees them at the tiny replica's own pixel limit (at 1 MP its 64
+    completions of 1,280 image tokens took about 70 s a step here, 4.3 GB resident), so its first start checks the
+    rows again under that limit (another cache key)."""
+    prompts_per_step = TRAIN_BATCH // TRAIN_GENERATIONS
+    steps = -(-rows * epochs // prompts_per_step)
+    batch = ["--per_device_train_batch_size", str(TRAIN_BATCH), "--num_generations", str(TRAIN_GENERATIONS),
+             "--max_completion_length", "4", "--logging_steps", "1"]  # fmt: skip
+    figures = train(folder, cache, steps, run_dir, 32, batch)
+    rss = figures["rss_at_step_mib"]
+    after = min(50, len(rss)) - 1
+    return {**figures, "steps": steps, "prompts_read": steps * prompts_per_step, "rss_after_50_steps_mib": rss[after],
+            "rss_end_mib": rss[-1], "rss_growth_mib": rss[-1] - rss[after]}  # fmt: skip
 
 
 def disk_mb(folder: Path) -> float:
@@ -235,6 +263,10 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
             ]
         else:
             figures["train"] = [None, train(folder, cache, args.train_steps, runs / "second", args.token_check_samples)]
+    if args.train_epochs:
+        run_dir = scratch / f"epochs-{name}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        figures["epochs"] = epochs_run(folder, cache, rows, args.train_epochs, run_dir)
     if not args.reuse_cache:
         shutil.rmtree(cache, ignore_errors=True)
     return figures
@@ -283,6 +315,9 @@ def main() -> None:
     )
     parser.add_argument("--train-steps", type=int, default=0, help="also time recipes/train.py runs")
     parser.add_argument(
+        "--train-epochs", type=int, default=0, help="also train until every row was read this many times (RSS growth)"
+    )
+    parser.add_argument(
         "--token-check-samples", type=int, default=32, help="the training runs' token_check_samples (-1: every prompt)"
     )
     parser.add_argument("--scratch", help="folder that keeps the generated sources (default: a temporary one)")
@@ -322,6 +357,12 @@ def main() -> None:
             )
             print(f"loader RSS growth over {loader['rows_read']} rows read ({way}): {growth:.0f} MiB (VmRSS / "
                   f"file-backed MiB: {points})")  # fmt: skip
+        if "epochs" in r:
+            e = r["epochs"]
+            print(f"training RSS growth over {e['prompts_read']} rows read: {e['rss_growth_mib']:.0f} MiB (VmRSS "
+                  f"after 50 steps {e['rss_after_50_steps_mib']:.0f} MiB, at step {e['steps']} {e['rss_end_mib']:.0f} "
+                  f"MiB; {r['rows']} rows x {args.train_epochs} epochs, {TRAIN_BATCH // TRAIN_GENERATIONS} prompts "
+                  f"a step, each row read {TRAIN_GENERATIONS} times a prompt)")  # fmt: skip
     report("data_scale", {"setting": described, "sizes": results}, args.json)
 
 
