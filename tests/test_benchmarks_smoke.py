@@ -42,6 +42,23 @@ def test_run_measured_reports_each_child_own_peak_memory() -> None:
     assert big.cpu_s >= 0 and big.wall_s > 0
 
 
+def test_rss_at_reads_resident_memory_then_not_the_peak() -> None:
+    """A child that grows by 300 MiB and shrinks back: its RSS when it held the memory is 300 MiB above its RSS
+    before and after (the peak would say 300 MiB more at every time), which `data_scale.py --train-epochs` relies on
+    to compare memory after 50 steps with memory at the end."""
+    child = (
+        "import time, sys; time.sleep(0.4); print(time.time(), flush=True); x = bytearray(300 * 2**20); "
+        "x[::4096] = b'1' * len(x[::4096]); time.sleep(0.4); print(time.time(), flush=True); del x; "
+        "print(time.time(), flush=True); time.sleep(0.6)"
+    )
+    done = run_measured(["-c", child])
+    before, holding, after = (float(line) for line in done.output.split())
+    assert done.returncode == 0
+    assert done.rss_at(holding) - done.rss_at(before) > 250
+    assert done.rss_at(holding) - done.rss_at(after + 0.2) > 250
+    assert done.peak_rss_mib >= done.rss_at(holding)
+
+
 def test_read_step_log_pairs_each_step_with_its_log_time(tmp_path: Path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
