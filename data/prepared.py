@@ -11,7 +11,10 @@ file cut short, bit-flipped, another key's or unsealed is named in a warning and
 the first process of each node does the pass while the others wait, then read it.
 
 The images stay in the source (encoded bytes in its Arrow cache, or files in an image folder); `decode_on_access`
-sets a `datasets` transform that opens and normalises them when a row is read, in the data loader's workers.
+sets a `datasets` transform that opens and normalises them when a row is read, in the data loader's workers. Where a
+task lets rows that only a decode can refuse reach training unchecked (`replace_unreadable`), a row that does not
+decode when read is named, recorded beside the rows cache (`<key>.unreadable.jsonl`) and replaced by the next row
+that does; the next pass of the key leaves the recorded rows out, named and counted like any bad row.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
@@ -37,7 +42,14 @@ from filelock import FileLock, Timeout
 
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
-from vision_grpo.storage.writes import DiskFull, file_sha256, full_disk_message, is_full_disk, write_text_atomic
+from vision_grpo.storage.writes import (
+    DiskFull,
+    append_bytes,
+    file_sha256,
+    full_disk_message,
+    is_full_disk,
+    write_text_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +75,17 @@ RELEASE_EVERY = 100
 # zero the range if another thread unmapped the file between our read of /proc/self/maps and the call and the
 # address were reused for anonymous memory; MADV_PAGEOUT never loses data, whatever the range holds by then.
 MADV_PAGEOUT = 21
+# Beside a rows cache `<key>.arrow`: the rows found unreadable when read, one JSON line each ({"id", "reason"}).
+UNREADABLE = ".unreadable.jsonl"
+
+
+class UnreadableRow(ValueError):
+    """A row that passed the pass's checks and fails when read (an image whose bitstream does not decode): the
+    task's error, carrying the row's id and the reason without the id, so the reader can skip and record it."""
+
+    def __init__(self, message: str, row_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.row_id, self.reason = row_id, reason
 
 
 def code_digest(*modules: Any) -> str:
@@ -205,7 +228,14 @@ def checked_rows(
     bad_at = pc.indices_nonzero(pc.is_valid(errors))
     ids, reasons = (pc.take(table[name], bad_at).to_pylist() for name in ("id", ERROR))
     bad = [(str(row_id), reason) for row_id, reason in zip(ids, reasons, strict=True)]
-    usable = pc.indices_nonzero(pc.is_null(errors))
+    usable_mask = pc.is_null(errors)
+    earlier = unreadable_rows(cache)
+    if earlier:  # found when read by an earlier launch: left out from now on, named and counted as bad
+        found = pc.and_(usable_mask, pc.is_in(table["id"], value_set=pa.array(list(earlier), pa.string())))
+        for row_id in pc.filter(table["id"], found).to_pylist():
+            bad.append((str(row_id), f"{earlier[row_id]} (found when an earlier launch read the row)"))
+        usable_mask = pc.and_(usable_mask, pc.invert(found))
+    usable = pc.indices_nonzero(usable_mask)
     if SIZES in table.column_names:
         sizes = pc.take(table[SIZES], usable).to_pylist()
         _SIZES[os.path.realpath(cache)] = [[(width, height) for width, height in row] for row in sizes]
@@ -370,12 +400,110 @@ def undecoded(feature: Any) -> Any:
     return feature
 
 
-def decode_on_access(rows: datasets.Dataset, decode: Callable[[dict[str, list]], dict[str, list]]) -> datasets.Dataset:
+def decode_on_access(
+    rows: datasets.Dataset, decode: Callable[[dict[str, list]], dict[str, list]], replace_unreadable: bool = False
+) -> datasets.Dataset:
     """`rows` whose reads (indexing, iteration, the data loader's batches) go through `decode`, which turns the
     encoded images of a batch into normalised ones; a picklable `decode` (a `functools.partial` of a module
     function) lets `dataloader_num_workers` processes decode in parallel. Each process that reads releases its
-    mapped pages of the rows' Arrow files every `RELEASE_EVERY` rows it reads (`_ReleasingReads`)."""
+    mapped pages of the rows' Arrow files every `RELEASE_EVERY` rows it reads (`_ReleasingReads`).
+
+    With `replace_unreadable` (training rows under `skip_bad_rows` whose bitstreams the pass did not decode), a row
+    whose `decode` raises `UnreadableRow` is skipped as the pass would have: named in a warning, recorded beside
+    the rows cache for the run's end record and the next pass, and replaced by the next readable row
+    (`_ReplacingUnreadable`), so a batch keeps its size and a GRPO group its G copies of one prompt."""
+    if replace_unreadable:
+        decode = _ReplacingUnreadable(decode, rows, _rows_cache(rows))
     return rows.with_transform(_ReleasingReads(decode, _mapped_files(rows)))
+
+
+def _rows_cache(rows: datasets.Dataset) -> Path:
+    """The rows cache file (`checked_rows`'s) that `rows` were read from."""
+    for entry in rows.cache_files:
+        if Path(entry["filename"]).parent.name == ROWS_CACHE:
+            return Path(entry["filename"])
+    raise ValueError("these rows were not read from a rows cache (checked_rows)")
+
+
+def unreadable_rows(cache: Path) -> dict[str, str]:
+    """The rows recorded unreadable beside the rows cache `cache`, {id: reason}. A line cut by a crash is passed
+    over: that row is found again when read."""
+    path = cache.with_suffix(UNREADABLE)
+    if not path.exists():
+        return {}
+    found = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            entry = json.loads(line)
+            found[str(entry["id"])] = str(entry["reason"])
+    return found
+
+
+def found_when_read(rows: Any) -> dict[str, str]:
+    """The rows of `rows` (a task's `load` result) recorded unreadable since they were loaded, {id: reason}: the
+    run's end record counts them. Empty for rows that replace none."""
+    try:
+        recorded = unreadable_rows(_rows_cache(rows))
+    except (AttributeError, ValueError):
+        return {}
+    if not recorded:
+        return {}
+    held = set(_ids(rows))
+    return {row_id: reason for row_id, reason in recorded.items() if row_id in held}
+
+
+def _ids(rows: datasets.Dataset) -> list[str]:
+    """The rows' ids, read as one Arrow column (not the images beside them, nor through the transform)."""
+    return [str(each) for each in rows.select_columns(["id"]).with_format("arrow")[:]["id"].to_pylist()]
+
+
+class _ReplacingUnreadable:
+    """`decode`, where a row that raises `UnreadableRow` is replaced by the next row of `rows` (in order, wrapping
+    round) that decodes. The replacement depends on the row alone, so every rank and every epoch read the same row
+    in its place. Each unreadable row is warned about once per process and recorded beside the rows cache `cache`."""
+
+    def __init__(self, decode: Callable[[dict[str, list]], dict[str, list]], rows: datasets.Dataset, cache: Path):
+        self.decode, self.rows, self.cache = decode, rows, cache
+        self.positions: dict[str, int] | None = None  # row id -> index, built at the first unreadable row
+        self.reported: set[str] = set()
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        try:
+            return self.decode(dict(batch))
+        except UnreadableRow:
+            pass
+        size = len(next(iter(batch.values())))
+        read = [self._readable({name: [values[k]] for name, values in batch.items()}) for k in range(size)]
+        return {name: [row[name][0] for row in read] for name in read[0]}
+
+    def _readable(self, row: dict[str, list]) -> dict[str, list]:
+        for _ in range(len(self.rows)):
+            try:
+                return self.decode(dict(row))
+            except UnreadableRow as error:
+                self._report(error)
+                row = self._after(error.row_id, list(row))
+        raise UnreadableRow(f"no row of the rows cache {self.cache} can be read", "", "no row decodes")
+
+    def _after(self, row_id: str, names: list[str]) -> dict[str, list]:
+        if self.positions is None:
+            self.positions = {row_id: index for index, row_id in enumerate(_ids(self.rows))}
+        following = self.rows[(self.positions[row_id] + 1) % len(self.rows)]
+        return {name: [following[name]] for name in names}
+
+    def _report(self, error: UnreadableRow) -> None:
+        if error.row_id in self.reported:
+            return
+        self.reported.add(error.row_id)
+        logger.warning(
+            "skipping row id=%r (skip_bad_rows), found when read: %s; the next readable row is read in its place, "
+            "the run's end record counts it (rows_skipped_when_read) and the next start's pass leaves it out (%s)",
+            error.row_id,
+            error.reason,
+            self.cache.with_suffix(UNREADABLE),
+        )
+        line = json.dumps({"id": error.row_id, "reason": error.reason}, ensure_ascii=False) + "\n"
+        append_bytes(self.cache.with_suffix(UNREADABLE), line.encode("utf-8"))
 
 
 class _ReleasingReads:

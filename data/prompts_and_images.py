@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from typing import Any, Literal
 
 import datasets
@@ -173,7 +174,7 @@ def normalize_image(image: Image.Image, max_pixels: int) -> Image.Image:
 
 
 def normalized_size(
-    image: Image.Image, max_pixels: int, decode: bool = True, verify_bitstream: bool = False
+    image: Image.Image, max_pixels: int, decode: bool = True, verify_bitstream: Collection[str] = ()
 ) -> tuple[int, int]:
     """The size `normalize_image(image, max_pixels)` returns, without its resize: a checking pass needs the size
     training will see, and resizing a megapixel image costs several times decoding it.
@@ -184,10 +185,10 @@ def normalized_size(
     megapixel), so a truncated or damaged container fails here, a bitstream damaged inside whole chunks only when the
     row is read; the modes these formats hold all convert to RGB. Other formats are decoded either way.
 
-    `verify_bitstream` (the pass under `skip_bad_rows`, where a row found bad at access could not be skipped) decodes
-    what the container cannot vouch for: a JPEG at an eighth of its size (libjpeg still reads every coefficient, so it
-    fails as a full decode would: 1.2 ms against 4.5 ms at 1.2 MP), a WebP whole (22 ms at 1.2 MP); a PNG's CRCs
-    cover every byte of it."""
+    `verify_bitstream` names the formats (Pillow's: "JPEG", "WEBP") whose bitstream is decoded here although the
+    container passed, for the pass under `skip_bad_rows` where a row found bad at access is not skipped there: a
+    JPEG at an eighth of its size (libjpeg still reads every coefficient, so it fails as a full decode would: 1.2 ms
+    against 4.5 ms at 1.2 MP), a WebP whole (22 ms at 1.2 MP). A PNG's CRCs cover every byte of it."""
     if not decode and image.format in CHECKED_FORMATS:
         check_decode_size(image)
         with encoded_bytes(image) as data:
@@ -195,7 +196,7 @@ def normalized_size(
             size = upright_size(image, data) if data is not None and not problem else None
         if problem:
             raise OSError(problem)
-        if verify_bitstream and image.format != "PNG":
+        if image.format in verify_bitstream:
             image.draft("RGB", (image.width // 8, image.height // 8))  # JPEG only; WebP decodes whole
             image.load()
         if size is not None:

@@ -67,13 +67,19 @@ class Options:
         metadata={
             "help": "`structure`: the pass reads JPEG/PNG/WebP sizes and integrity from the file's container, a "
             "bitstream damaged inside it fails when its row is read (under skip_bad_rows the pass decodes JPEG "
-            "and WebP bitstreams to skip such rows); `decode`: the pass decodes every image (10-60 ms a megapixel)."
+            "bitstreams, and evaluation rows' WebP ones, to skip such rows; a training row whose WebP does not "
+            "decode is skipped when read, recorded and left out by the next pass); `decode`: the pass decodes "
+            "every image (10-60 ms a megapixel)."
         },
     )
 
 
 class VQADataError(ValueError):
     """A VQA source or row that cannot be used as configured."""
+
+
+class ImageUnreadable(VQADataError, prepared.UnreadableRow):
+    """A row whose image passed the pass's container check and does not decode when read."""
 
 
 class TemplateRefused(ValueError):
@@ -238,12 +244,19 @@ def _compiled(text: str) -> jinja2.Template:
 
 
 def _check(
-    row: dict[str, Any], index: int, options: dict[str, Any], template: str, max_pixels: int, code: str
+    row: dict[str, Any],
+    index: int,
+    options: dict[str, Any],
+    template: str,
+    max_pixels: int,
+    verified: list[str],
+    code: str,
 ) -> dict[str, Any]:
     """The checking pass over one source row: its small columns and `ERROR` (None when usable). The images are
     decoded here only to be checked (decode-size limit from the header first, then decoding and conversion; aspect
-    ratio and slots on the size training will see, computed rather than resized to), then dropped; `code` is in the
-    cache key, not used."""
+    ratio and slots on the size training will see, computed rather than resized to), then dropped; `verified`
+    names the formats whose bitstream is decoded although the container passed; `code` is in the cache key, not
+    used."""
     args = SimpleNamespace(**options)
     out = {"id": _row_id(row, index, args), "prompt": [], "answer": "", "answer_type": args.vqa_answer_type}
     out |= {"tolerance": args.vqa_tolerance, "options": 0, ERROR: None, SIZES: []}
@@ -260,7 +273,7 @@ def _check(
         images = _images(value, args.vqa_image_folder)
         answer = _answer(row, args)
         decode = args.vqa_image_check == "decode"
-        sizes = [normalized_size(image, max_pixels, decode, args.skip_bad_rows) for image in images]
+        sizes = [normalized_size(image, max_pixels, decode, verified) for image in images]
         for image in images:
             image.close()  # one opened from a path holds its file until decoded or closed
         out |= {"prompt": checked_prompt(out["id"], text, sizes, "before_text"), "answer": answer, SIZES: sizes}
@@ -275,8 +288,8 @@ def _check(
 
 def _decode(batch: dict[str, list], column: str, folder: str | None, max_pixels: int) -> dict[str, list]:
     """The transform at access: a batch's encoded images opened and normalised as the pass checked them. An image
-    that fails here passed the pass's checks (`vqa_image_check: structure` does not decode): the error names its
-    row."""
+    that fails here passed the pass's checks (`vqa_image_check: structure` does not decode): the error
+    (`ImageUnreadable`) names its row."""
     if column in batch:
         ids = batch.get("id", [None] * len(batch[column]))
         batch[column] = [
@@ -290,10 +303,13 @@ def _normalized(value: Any, row_id: str | None, several: bool, folder: str | Non
     try:
         images = [normalize_image(image, max_pixels) for image in _images(value, folder)]
     except (OSError, ValueError) as error:
-        raise VQADataError(
-            f"VQA row id={row_id!r}: its image does not decode ({error}), found when the row was read; the checking "
-            "pass read its container only (vqa_image_check: structure): skip_bad_rows: true finds and skips such "
-            "rows before training, vqa_image_check: decode finds them"
+        reason = f"its image does not decode ({error})"
+        raise ImageUnreadable(
+            f"VQA row id={row_id!r}: {reason}, found when the row was read; the checking pass read its container "
+            "only (vqa_image_check: structure): skip_bad_rows: true skips such rows, vqa_image_check: decode finds "
+            "them before training",
+            str(row_id),
+            reason,
         ) from error
     return images if several else images[0]
 
@@ -360,12 +376,18 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     if prepared.undecoded(feature) is not feature:  # the pass reads the encoded bytes, not PIL images
         source = source.cast_column(column, prepared.undecoded(feature))
     several = isinstance(feature, (datasets.List, list))  # a list column gives TRL's `images`, else `image`
+    # Under `skip_bad_rows` a bitstream that only decoding refuses is skipped too. The pass decodes a JPEG's at an
+    # eighth of its size (about 1 ms at 1 MP); a WebP decodes whole (17-33 ms), so a training row's WebP is left to
+    # the reader, which skips and records the row when it does not decode (`replace_unreadable`). Evaluation rows
+    # are never replaced (each is scored under its own id): the pass decodes their WebP bitstreams.
+    at_access = bool(task_args.skip_bad_rows) and split == "train" and task_args.vqa_image_check == "structure"
+    verified = (["JPEG"] if at_access else ["JPEG", "WEBP"]) if task_args.skip_bad_rows else []
     deciding = {
-        # `skip_bad_rows` decides the rows too: under it the pass verifies JPEG and WebP bitstreams (`_check`).
         "options": {f.name: getattr(task_args, f.name) for f in dataclasses.fields(Options)}
         | {"skip_bad_rows": bool(task_args.skip_bad_rows)},
         "template": _template_text(task_args),
         "max_pixels": max_pixels,
+        "verified": verified,
         "code": prepared.code_digest(sys.modules[__name__], prompts_and_images, vqa_rewards),
     }
     target = "images" if several else "image"
@@ -374,8 +396,8 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         logger.info(
             "VQA %s: JPEG, PNG and WebP images checked from their containers, not decoded (vqa_image_check: "
             "structure): one whose bitstream is damaged inside them fails when its row is read, naming it; "
-            "skip_bad_rows: true (which decodes JPEG and WebP bitstreams in the pass) or vqa_image_check: decode "
-            "finds such rows before training",
+            "skip_bad_rows: true skips such rows (JPEG bitstreams, and evaluation rows' WebP ones, decoded by the "
+            "pass; a training row's WebP when read), vqa_image_check: decode finds them before training",
             name,
         )
     where = f"{task_args.dataset_name} ({name})"
@@ -392,7 +414,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         return datasets.Dataset.from_dict({"id": []})
     _refuse_repeated_ids(rows, where)
     decode = functools.partial(_decode, column=target, folder=task_args.vqa_image_folder, max_pixels=max_pixels)
-    return prepared.decode_on_access(rows, decode)
+    return prepared.decode_on_access(rows, decode, replace_unreadable=at_access)
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """The pass's container checks (data/encoded_images.py): the size training will see, read without decoding, is the
 size `normalize_image` returns, and a JPEG, PNG or WebP cut short or damaged is refused by the pass, naming its row;
 a bitstream damaged inside whole chunks passes `vqa_image_check: structure` and fails when its row is read, naming
-it, while `skip_bad_rows` (JPEG and WebP bitstreams decoded by the pass) or `vqa_image_check: decode` finds it before
-training."""
+it, while under `skip_bad_rows` the pass finds it (a JPEG's; an evaluation row's WebP) or the reader skips the row,
+replacing it and recording it for the end record and the next pass (a training row's WebP), and
+`vqa_image_check: decode` finds it before training."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import struct
 from collections.abc import Iterator
@@ -16,12 +18,14 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+from conftest import run_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile, WebPImagePlugin
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_dataset, unused_rows
+from vision_grpo.data.prepared import UnreadableRow, found_when_read
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
 from vision_grpo.data.task_vqa import VQADataError
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
@@ -105,6 +109,11 @@ def short_bitstream() -> bytes:
     return b"RIFF" + struct.pack("<I", 12 + keep) + b"WEBPVP8 " + struct.pack("<I", keep) + whole[20 : 20 + keep]
 
 
+def ids(rows: datasets.Dataset) -> list[str]:
+    """The rows' ids, without reading a row through the transform (which decodes its images)."""
+    return rows.with_format("arrow")["id"].to_pylist()
+
+
 def vqa_args(folder: Path, images: dict[str, bytes], *keys: str, skip: bool = True) -> TaskArguments:
     features = datasets.Features(
         {"id": datasets.Value("string"), "image": datasets.Image(), "question": datasets.Value("string"),
@@ -134,19 +143,50 @@ def test_a_cut_or_damaged_file_is_refused_by_the_pass_without_decoding(
         assert any("image file is truncated" in line for line in caplog.messages)
 
 
-def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_is_skipped_by_the_pass(tmp_path: Path) -> None:
-    files = {"whole": damaged("WEBP")["whole"], "inside": short_bitstream()}
+def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    whole = damaged("WEBP")["whole"]
+    files = {"a": whole, "inside": short_bitstream(), "c": encoded("WEBP", (32, 32))}
     with pytest.raises(OSError):
         Image.open(io.BytesIO(files["inside"])).load()  # it really does not decode
     # Without skip_bad_rows the pass reads the container only; the row fails when read, naming it.
     rows = get_dataset(vqa_args(tmp_path / "structure", files, skip=False), "train", 10_000)
-    assert len(rows) == 2 and rows[0]["id"] == "whole"
+    assert ids(rows) == ["a", "inside", "c"]
     with pytest.raises(VQADataError, match=r"VQA row id='inside': its image does not decode .* skip_bad_rows: true"):
         rows[1]
-    # Under skip_bad_rows a row found bad when read could not be skipped: the pass decodes the bitstream and skips it.
-    for name, keys in (("skip", ()), ("decode", ("--vqa_image_check", "decode"))):
-        rows = get_dataset(vqa_args(tmp_path / name, files, *keys), "train", 10_000)
-        assert len(rows) == 1 and rows[0]["id"] == "whole"
+    # Under skip_bad_rows a training row's WebP is left to the reader: the row is replaced by the next readable one
+    # (the same one however often, and wherever, it is read), named, and recorded for the run's end record.
+    args = vqa_args(tmp_path / "skip", files)
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.data.prepared"):
+        rows = get_dataset(args, "train", 10_000)
+        assert ids(rows) == ["a", "inside", "c"] and found_when_read(rows) == {}
+        batch = rows[[1, 0, 1]]
+    assert batch["id"] == ["c", "a", "c"] and batch["image"][0].size == (32, 32)
+    assert rows[1]["id"] == "c" and rows[2]["id"] == "c"
+    assert [line for line in caplog.messages if "id='inside'" in line] == [
+        next(line for line in caplog.messages if line.startswith("skipping row id='inside' (skip_bad_rows)"))
+    ]  # warned once in this process, however often read
+    assert list(found_when_read(rows)) == ["inside"] and "does not decode" in found_when_read(rows)["inside"]
+    # The next start's pass leaves it out, named and counted like any row the pass refused.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.data.task_vqa"):
+        again = get_dataset(args, "train", 10_000)
+    assert ids(again) == ["a", "c"] and found_when_read(again) == {}
+    assert unused_rows() == {"train": {"invalid, skipped (skip_bad_rows)": 1}}
+    assert "found when an earlier launch read the row" in caplog.text
+    # Evaluation rows are never replaced (each is scored under its id): the pass decodes their WebP and skips it;
+    # vqa_image_check: decode finds it in the pass for any split.
+    evaluated = get_dataset(vqa_args(tmp_path / "eval", files, "--vqa_eval_split", "train"), "eval", 10_000)
+    assert ids(evaluated) == ["a", "c"]
+    decoded = get_dataset(vqa_args(tmp_path / "decode", files, "--vqa_image_check", "decode"), "train", 10_000)
+    assert ids(decoded) == ["a", "c"]
+
+
+def test_a_training_split_with_no_readable_row_fails_when_read(tmp_path: Path) -> None:
+    rows = get_dataset(vqa_args(tmp_path, {"inside": short_bitstream()}), "train", 10_000)
+    with pytest.raises(UnreadableRow, match=r"no row of the rows cache .*\.arrow can be read"):
+        rows[0]
 
 
 def test_a_jpeg_that_only_decoding_refuses_is_skipped_by_the_pass_under_skip_bad_rows(tmp_path: Path) -> None:
@@ -171,3 +211,27 @@ def test_the_log_says_what_the_pass_did_not_decode(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.INFO, logger="vision_grpo.data.task_vqa"):
         get_dataset(vqa_args(tmp_path, {"whole": damaged("PNG")["whole"]}), "train", 10_000)
     assert "not decoded (vqa_image_check: structure)" in caplog.text
+
+
+@pytest.mark.slow
+def test_training_skips_a_row_found_unreadable_when_read_and_the_manifest_counts_it(tmp_path: Path) -> None:
+    """Two GRPO steps of the tiny VQA recipe on 4 WebP rows (2 prompts a step: every row read), one of them damaged
+    inside its bitstream, under skip_bad_rows: the run ends, its end record names the row; the next run's pass
+    leaves it out and its start record counts it."""
+    files = {"a": encoded("WEBP", (64, 48)), "inside": short_bitstream(), "c": encoded("WEBP", (48, 64))}
+    files["d"] = encoded("WEBP", (56, 56))
+    vqa_args(tmp_path / "data", files)  # writes the source
+    argv = ["recipes/train.py", "--config", "recipes/vqa/tiny_clevr_count.yaml", "--dataset_name",
+            str(tmp_path / "data"), "--vqa_image_column", "image", "--vqa_image_folder", "null", "--vqa_id_column",
+            "id", "--skip_bad_rows", "true", "--max_steps", "2", "--save_steps", "2", "--report_to", "none",
+            "--output_dir", str(tmp_path / "runs")]  # fmt: skip
+    env = {"HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    first = run_script([*argv, "--run_name", "first"], env=env)
+    assert "skipping row id='inside' (skip_bad_rows), found when read" in first.stderr
+    manifest = json.loads((tmp_path / "runs" / "first" / "manifest.json").read_text())
+    assert manifest["global_step"] == 2 and list(manifest["rows_skipped_when_read"]) == ["inside"]
+    assert "train" not in manifest["rows_unused"]
+    run_script([*argv, "--run_name", "second"], env=env)
+    manifest = json.loads((tmp_path / "runs" / "second" / "manifest.json").read_text())
+    assert manifest["rows_unused"]["train"] == {"invalid, skipped (skip_bad_rows)": 1}
+    assert manifest["global_step"] == 2 and manifest["rows_skipped_when_read"] == {}

@@ -20,6 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import ModelConfig
 
 from vision_grpo.data import unused_rows
+from vision_grpo.data.prepared import found_when_read
 from vision_grpo.models.embedded import EMBEDDED_MODELS
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
@@ -175,6 +176,8 @@ class RecipeRun:
                 num_train_epochs=self.training_args.num_train_epochs,
                 # reward_faults: skip, in this launch (SFT has no rewards)
                 skipped_completions=getattr(trainer, "skipped_completions", None),
+                # skip_bad_rows: training rows whose image did not decode when read, replaced by the next row
+                rows_skipped_when_read=found_when_read(trainer.train_dataset),
             )
         return self.close()
 
