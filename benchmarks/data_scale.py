@@ -1,10 +1,10 @@
-"""How the data path scales with the number of rows: a synthetic VQA set of our own making (JPEG or PNG, one image
-or a list of images per row) prepared by `get_dataset` in a fresh process per start, and optionally a short
+"""How the data path scales with the number of rows: a synthetic VQA set of our own making (JPEG, PNG or WebP, one
+image or a list of images per row) prepared by `get_dataset` in a fresh process per start, and optionally a short
 `recipes/train.py` run on it.
 
     python benchmarks/data_scale.py [--rows 1000 20000] [--width 640 --height 480] [--format JPEG] [--images 1]
-        [--row-group-rows 100] [--loader-epochs 2] [--train-steps 2 [--token-check-samples 32]] [--train-epochs 2]
-        [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
+        [--skip-bad-rows] [--row-group-rows 100] [--loader-epochs 2] [--train-steps 2 [--token-check-samples 32]]
+        [--train-epochs 2] [--scratch DIR [--reuse-cache]] [--json FILE] [--quick]
 
 The source is one `train.parquet` written by `datasets`' `to_parquet` in row groups of `--row-group-rows` rows (100:
 as earlier `datasets` releases wrote image datasets for the Hub, `config.PARQUET_ROW_GROUP_SIZE_FOR_IMAGE_DATASETS`,
@@ -23,7 +23,9 @@ training process's resident memory (VmRSS) growth from after its first 50 steps 
 without the loader's page release, and prints its RSS growth from after its first 50 batches to the end. `--scratch`
 keeps the generated sources there (reused by a later call with the same settings); by default they live in a
 temporary folder that is removed. With `--reuse-cache` it keeps each size's datasets cache too, and a later call
-that finds it measures second starts only (a 20,000-row first start takes minutes).
+that finds it measures second starts only (a 20,000-row first start takes minutes). `--skip-bad-rows` runs every
+start with `skip_bad_rows: true` (the pass then decodes JPEG bitstreams at an eighth of their size, and leaves a
+training row's WebP to the reader).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ MAX_PIXELS = 1003520
 # `--train-epochs`: completions per step and per prompt (TRL's minimum group), so a step reads 32 prompts' rows.
 TRAIN_BATCH, TRAIN_GENERATIONS = 64, 2
 RECIPE = REPO / "recipes" / "vqa" / "tiny_clevr_count.yaml"
+QUALITY = {"JPEG": {"quality": 90}, "WEBP": {"quality": 85}}  # PNG is lossless
 # The child: one `get_dataset` start, its time and its memory (read from /proc every 20 ms by a thread, since the
 # peak of each part falls somewhere inside the pass).
 CHILD = """
@@ -134,7 +137,7 @@ def write_source(folder: Path, rows: int, width: int, height: int, kind: str, im
             x, y = rng.randrange(width - 40), rng.randrange(height - 40)
             pen.rectangle([x, y, x + 30, y + 30], fill=(rng.randrange(256), 40, 200))
         buffer = io.BytesIO()
-        image.save(buffer, format=kind, **({"quality": 90} if kind == "JPEG" else {}))
+        image.save(buffer, format=kind, **QUALITY.get(kind, {}))
         return buffer.getvalue(), count
 
     def generate():
@@ -158,22 +161,22 @@ def write_source(folder: Path, rows: int, width: int, height: int, kind: str, im
     return folder
 
 
-def recipe_keys(folder: Path) -> list[str]:
-    """The tiny CLEVR-count recipe's keys pointed at a synthetic source."""
+def recipe_keys(folder: Path, skip: bool) -> list[str]:
+    """The tiny CLEVR-count recipe's keys pointed at a synthetic source (`skip`: with `skip_bad_rows: true`)."""
     return ["--dataset_name", str(folder), "--vqa_image_column", "image", "--vqa_image_folder", "null",
-            "--vqa_id_column", "id", "--vqa_answer_type", "number"]  # fmt: skip
+            "--vqa_id_column", "id", "--vqa_answer_type", "number", "--skip_bad_rows", str(skip)]  # fmt: skip
 
 
-def starts(folder: Path, cache: Path, count: int) -> list[dict[str, Any]]:
+def starts(folder: Path, cache: Path, count: int, skip: bool) -> list[dict[str, Any]]:
     """`count` starts of `get_dataset` in one fresh process: the first runs the pass, the next read its cache."""
-    argv = ["--config", str(RECIPE), *recipe_keys(folder)]
+    argv = ["--config", str(RECIPE), *recipe_keys(folder, skip)]
     env = {"HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = check(run_measured(["-c", CHILD, str(MAX_PIXELS), str(count), *argv], env=env), "get_dataset")
     return [json.loads(line) for line in done.output.strip().splitlines()[-count:]]
 
 
 def train(
-    folder: Path, cache: Path, steps: int, run_dir: Path, token_checks: int, batch: list[str] | None = None
+    folder: Path, cache: Path, steps: int, run_dir: Path, token_checks: int, skip: bool, batch: list[str] | None = None
 ) -> dict[str, Any]:
     """A `steps`-step run of `recipes/train.py` on the source: its peak RSS, seconds from start to first step (model
     load included) and its resident memory (VmRSS) when each step was logged (`batch`: the recipe keys of a long
@@ -182,7 +185,7 @@ def train(
     # that training reads the cache they made. The recipe's `token_check_samples: -1` renders every prompt through
     # the processor at the first start (rows x tens of ms): the default sample keeps this a measure of the data path.
     limit = [] if batch else ["--max_pixels", str(MAX_PIXELS)]
-    argv = ["recipes/train.py", "--config", str(RECIPE), *recipe_keys(folder), "--max_steps", str(steps),
+    argv = ["recipes/train.py", "--config", str(RECIPE), *recipe_keys(folder, skip), "--max_steps", str(steps),
             "--output_dir", str(run_dir), "--save_strategy", "no", *limit,
             "--token_check_samples", str(token_checks), *(batch or [])]  # fmt: skip
     env = {"HF_DATASETS_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
@@ -195,7 +198,7 @@ def train(
     }
 
 
-def epochs_run(folder: Path, cache: Path, rows: int, epochs: int, run_dir: Path) -> dict[str, Any]:
+def epochs_run(folder: Path, cache: Path, rows: int, epochs: int, run_dir: Path, skip: bool) -> dict[str, Any]:
     """Training that reads every row `epochs` times: TRL's sampler gives each step `TRAIN_BATCH / TRAIN_GENERATIONS`
     prompts (each row read once per completion), so `rows * epochs` prompts take that many steps; resident memory
     after the first 50 steps against at the end says whether it grows with the rows read. The rows are read and
@@ -206,7 +209,7 @@ def epochs_run(folder: Path, cache: Path, rows: int, epochs: int, run_dir: Path)
     steps = -(-rows * epochs // prompts_per_step)
     batch = ["--per_device_train_batch_size", str(TRAIN_BATCH), "--num_generations", str(TRAIN_GENERATIONS),
              "--max_completion_length", "4", "--logging_steps", "1"]  # fmt: skip
-    figures = train(folder, cache, steps, run_dir, 32, batch)
+    figures = train(folder, cache, steps, run_dir, 32, skip, batch)
     rss = figures["rss_at_step_mib"]
     after = min(50, len(rss)) - 1
     return {**figures, "steps": steps, "prompts_read": steps * prompts_per_step, "rss_after_50_steps_mib": rss[after],
@@ -222,17 +225,18 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
     name = source_name(rows, args.width, args.height, args.format, args.images, args.row_group_rows)
     folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images, args.row_group_rows)
     layout = pq.read_metadata(folder / "train.parquet")
-    cache = scratch / f"cache-{name}"
+    cache = scratch / f"cache-{name}{'-skip' if args.skip_bad_rows else ''}"
+    skip = args.skip_bad_rows
     reused = args.reuse_cache and cache.is_dir()
     if not reused:
         shutil.rmtree(cache, ignore_errors=True)  # a first start finds nothing
     # A second start is a fresh process, as a user's is; `--quick` saves the second import of the libraries.
     if reused:
-        first, second = None, starts(folder, cache, 1)[0]
+        first, second = None, starts(folder, cache, 1, skip)[0]
     elif args.quick:
-        first, second = starts(folder, cache, 2)
+        first, second = starts(folder, cache, 2, skip)
     else:
-        first, second = starts(folder, cache, 1)[0], starts(folder, cache, 1)[0]
+        first, second = starts(folder, cache, 1, skip)[0], starts(folder, cache, 1, skip)[0]
     figures = {
         "rows": rows,
         "source_mb": (folder / "train.parquet").stat().st_size / 1e6,
@@ -245,7 +249,7 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
         "source_arrow_mb": disk_mb(cache) - disk_mb(cache / "vision_grpo_rows"),
     }
     if args.loader_epochs:
-        argv = ["--config", str(RECIPE), *recipe_keys(folder)]
+        argv = ["--config", str(RECIPE), *recipe_keys(folder, skip)]
         env = {"HF_DATASETS_CACHE": str(cache), "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
         figures["loader"] = {}
         for way in ("released", "unreleased"):
@@ -258,15 +262,16 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
         if not reused:
             shutil.rmtree(cache)
             figures["train"] = [
-                train(folder, cache, args.train_steps, runs / order, args.token_check_samples)
+                train(folder, cache, args.train_steps, runs / order, args.token_check_samples, skip)
                 for order in ("first", "second")
             ]
         else:
-            figures["train"] = [None, train(folder, cache, args.train_steps, runs / "second", args.token_check_samples)]
+            second_run = train(folder, cache, args.train_steps, runs / "second", args.token_check_samples, skip)
+            figures["train"] = [None, second_run]
     if args.train_epochs:
         run_dir = scratch / f"epochs-{name}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        figures["epochs"] = epochs_run(folder, cache, rows, args.train_epochs, run_dir)
+        figures["epochs"] = epochs_run(folder, cache, rows, args.train_epochs, run_dir, skip)
     if not args.reuse_cache:
         shutil.rmtree(cache, ignore_errors=True)
     return figures
@@ -305,8 +310,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1000, 4000])
     parser.add_argument("--width", type=int, default=640)
     parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--format", default="JPEG", choices=["JPEG", "PNG"])
+    parser.add_argument("--format", default="JPEG", choices=["JPEG", "PNG", "WEBP"])
     parser.add_argument("--images", type=int, default=1, help="images per row (2 or more: a list-of-images column)")
+    parser.add_argument("--skip-bad-rows", action="store_true", help="every start with skip_bad_rows: true")
     parser.add_argument(
         "--row-group-rows", type=int, default=100, help="rows per row group of the source (0: datasets' default)"
     )
@@ -344,7 +350,8 @@ def main() -> None:
     described = f"{args.format} {args.width}x{args.height}, {args.images} image(s) per row, row groups of {groups}"
     print(f"data_scale: {described}, max_pixels {MAX_PIXELS}; {machine()}")
     print(table(results), flush=True)
-    size = f"{args.width * args.height / 1e6:.1f} MP ({args.format.lower()}, {args.images} image(s) a row)"
+    skipping = ", skip_bad_rows" if args.skip_bad_rows else ""
+    size = f"{args.width * args.height / 1e6:.1f} MP ({args.format.lower()}, {args.images} image(s) a row{skipping})"
     for r in results:
         if r["pass_rows_per_s"]:
             print(f"checking pass: {r['pass_rows_per_s']:.0f} rows/s at {size}, {r['rows']} rows")
