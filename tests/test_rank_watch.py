@@ -8,6 +8,7 @@ a peer that stops and a store whose process is stopped; and a real 2-process run
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from conftest import REPO, run_script
 from test_resume import probe_records, training_args, wait_for_step
 
+from vision_grpo.evaluation.results import partial_path
 from vision_grpo.run.rank_watch import RankWatch
 
 HOST = socket.gethostname()
@@ -132,27 +134,19 @@ STALL_TIMEOUT = 5
 AGENT_GRACE = 30  # torchrun's agent: SIGTERM to the workers left, SIGKILL 30 s later (torch's `_stop_workers`)
 
 
-@pytest.mark.slow
-def test_a_stopped_rank_ends_the_launch_naming_it_and_the_run_resumes(tiny_model_path: Path, tmp_path: Path) -> None:
-    """SIGSTOP to rank 0 (the main process: it holds the run folder's lock) after the first checkpoint: rank 1 ends
-    within the timeout naming it, the agent kills the stopped worker, nothing is left running, and the same command
-    with `--resume_from_checkpoint last` trains to the end."""
-    log = tmp_path / "probe.jsonl"
-    steps = {"max_steps": "3", "save_steps": "1", "rank_stall_timeout": str(STALL_TIMEOUT)}
-    launch = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
-    process = subprocess.Popen(
-        [sys.executable, *launch, *training_args(tmp_path, "stalled", **steps)],
-        cwd=REPO,
-        env={**os.environ, "PROBE_LOG": str(log)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    pids: dict[int, int] = {}
+LAUNCH = ["-m", "accelerate.commands.launch", "--config_file", "accelerate_configs/cpu.yaml"]
+
+
+def end_the_launch(process: subprocess.Popen) -> None:
+    """Whatever a failed test left of the launch: its process group, workers included (stopped ones too)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def stop_rank_0_and_check_the_launch_ends(process: subprocess.Popen, pids: dict[int, int]) -> str:
+    """SIGSTOP to rank 0 of the launch `process` (workers `pids`, by rank): rank 1 ends within the timeout naming
+    rank 0, the launch ends with an error after the agent's grace, and no worker outlives it. Returns its stderr."""
     try:
-        wait_for_step(log, process, step=1, timeout=120)  # step 1 is generating: checkpoint-1 is complete
-        pids = {record["rank"]: record["pid"] for record in probe_records(log)}
         os.kill(pids[0], signal.SIGSTOP)
         stopped = time.monotonic()
         while running(pids[1]) and time.monotonic() - stopped < STALL_TIMEOUT + 15:
@@ -161,21 +155,100 @@ def test_a_stopped_rank_ends_the_launch_naming_it_and_the_run_resumes(tiny_model
         _, stderr = process.communicate(timeout=AGENT_GRACE + 30)
         launch_ended = time.monotonic() - stopped
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
         for pid in pids.values():
             if running(pid):
                 os.kill(pid, signal.SIGKILL)  # ends a stopped process too
+    print(f"rank 1 ended {rank_1_ended:.1f} s after the stop, the launch {launch_ended:.1f} s")  # pytest -s shows it
     assert STALL_TIMEOUT - 1 <= rank_1_ended < STALL_TIMEOUT + 10, f"rank 1 ended {rank_1_ended:.1f} s after the stop"
     assert process.returncode != 0
     assert f"error: RankStalled: rank 0 (pid {pids[0]} on {HOST}) has not answered for" in stderr, stderr[-4000:]
     assert launch_ended < STALL_TIMEOUT + AGENT_GRACE + 15
     assert not [pid for pid in pids.values() if running(pid)], "a worker outlived its launcher"
+    return stderr
+
+
+def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`accelerate launch` of 2 CPU processes in a session of its own, stderr kept."""
+    return subprocess.Popen(
+        [sys.executable, *LAUNCH, *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_launch_naming_it_and_the_run_resumes(tiny_model_path: Path, tmp_path: Path) -> None:
+    """SIGSTOP to rank 0 (the main process: it holds the run folder's lock) after the first checkpoint: rank 1 ends
+    within the timeout naming it, the agent kills the stopped worker, nothing is left running, and the same command
+    with `--resume_from_checkpoint last` trains to the end."""
+    log = tmp_path / "probe.jsonl"
+    steps = {"max_steps": "3", "save_steps": "1", "rank_stall_timeout": str(STALL_TIMEOUT)}
+    process = launch(*training_args(tmp_path, "stalled", **steps), env={"PROBE_LOG": str(log)})
+    try:
+        wait_for_step(log, process, step=1, timeout=120)  # step 1 is generating: checkpoint-1 is complete
+        pids = {record["rank"]: record["pid"] for record in probe_records(log)}
+        stderr = stop_rank_0_and_check_the_launch_ends(process, pids)
+    finally:
+        end_the_launch(process)
+    assert "continue with --resume_from_checkpoint last" in stderr
 
     run_dir = tmp_path / "runs" / "stalled"
     assert (run_dir / "checkpoint-1" / "trainer_state.json").is_file()
     resume = training_args(tmp_path, "stalled", **steps, resume_from_checkpoint="last")
-    run_script([*launch, *resume], env={"PROBE_LOG": str(log)}, timeout=300)
+    run_script([*LAUNCH, *resume], env={"PROBE_LOG": str(log)}, timeout=300)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["global_step"] == 3 and manifest["ended"] is not None
     assert (run_dir / "adapter_model.safetensors").is_file()
+
+
+def workers(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the worker processes under `launcher`: its descendants started with RANK in their environment
+    (the agent sets it for each worker; the launcher's own environment has none)."""
+    found, todo = {}, [launcher]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            rank = next((int(entry[5:]) for entry in environ if entry.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[rank] = pid
+    return found
+
+
+EVALUATION = ["eval/evaluate.py", "--config", "recipes/shapes/tiny_cpu.yaml", "--limit", "24", "--batch_size", "2"]
+EVALUATION += ["--max_new_tokens", "24", "--rank_stall_timeout", str(STALL_TIMEOUT)]
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_an_evaluation_naming_it_and_resume_finishes_it(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """SIGSTOP to rank 0 (it writes the partial file) once its first records are in: rank 1 ends within the timeout
+    naming it, instead of waiting in the next round's gather for the process group's timeout; `--resume` then
+    gives every row once."""
+    output = tmp_path / "result.json"
+    args = [*EVALUATION, "--model_name_or_path", str(tiny_model_path), "--output", str(output)]
+    process = launch(*args)
+    try:
+        partial, started = partial_path(output), time.monotonic()
+        while not (partial.exists() and len(partial.read_text().splitlines()) >= 2):  # metadata, a first record
+            assert process.poll() is None, process.communicate()[1][-4000:]
+            assert time.monotonic() - started < 240, "no record within 240 s"
+            time.sleep(0.1)
+        pids = workers(process.pid)
+        assert sorted(pids) == [0, 1], pids
+        stderr = stop_rank_0_and_check_the_launch_ends(process, pids)
+    finally:
+        end_the_launch(process)
+    assert "continue with --resume" in stderr and "--resume_from_checkpoint" not in stderr
+    assert not output.exists() and len(partial.read_text().splitlines()) < 25, "it finished before the stop"
+    run_script([*LAUNCH, *args, "--resume"], timeout=300)
+    records = json.loads(output.read_text())["records"]
+    assert len(records) == 24 and len({record["id"] for record in records}) == 24
+    assert not partial.exists()

@@ -43,6 +43,7 @@ from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
 from vision_grpo.run.manifest import dataset_identity, package_versions
 from vision_grpo.run.outputs import check_outputs_are_not_inputs
+from vision_grpo.run.rank_watch import watch_ranks
 from vision_grpo.run.ranks import from_main_process
 from vision_grpo.run.threads import configure_threads
 from vision_grpo.storage.writes import append_bytes
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             check_vllm_lora(eval_args.adapter)
     configure_threads()
     state = PartialState()
+    # A rank that stops answering ends the launch within rank_stall_timeout, naming it (as in training): the others
+    # would otherwise wait in the next round's gather for the process group's timeout.
+    watch = watch_ranks(task_args.rank_stall_timeout, resume="--resume")
     if eval_args.backend == "vllm":
         from vision_grpo.evaluation.vllm_backend import check_tensor_parallel  # imports no vLLM
 
@@ -181,6 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.manual_seed(SEED)
         evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
         held.callback(evaluator.close)  # after the evaluation's last collective, before the output's lock goes
+        if watch is not None:  # stopped first: a rank that leaves first (its engine closed) has not stalled
+            held.callback(watch.stop)
         dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
         if eval_args.limit:
             dataset = dataset.select(range(min(eval_args.limit, len(dataset))))

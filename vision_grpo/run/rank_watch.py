@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 MAX_INTERVAL = 5.0  # seconds between heartbeats, at most
 HELD_UP = 3  # judge rounds this process may miss before what it missed counts as no evidence
+TRAINING_RESUME = "--resume_from_checkpoint last"  # how a stopped training continues; an evaluation: --resume
 
 
 def end_this_rank(message: str) -> None:
@@ -50,7 +51,8 @@ class RankWatch:
     """This rank's heartbeat in `store` and its judgement of the other ranks' (see the module's docstring).
 
     `store`: shared by the ranks (a TCPStore client of this rank's own); `store_at` says where it is, for messages;
-    `on_stall` gets the message when a rank or the store is overdue (tests record it; by default the process ends).
+    `on_stall` gets the message when a rank or the store is overdue (tests record it; by default the process ends);
+    `resume` is the flag the message tells the user to continue with.
     """
 
     def __init__(
@@ -61,8 +63,10 @@ class RankWatch:
         timeout: float,
         store_at: str,
         on_stall: Callable[[str], None] = end_this_rank,
+        resume: str = TRAINING_RESUME,
     ) -> None:
         self.store, self.rank, self.timeout, self.store_at, self.on_stall = store, rank, timeout, store_at, on_stall
+        self.resume = resume
         self.peers = [peer for peer in range(world_size) if peer != rank]
         self.interval = min(MAX_INTERVAL, timeout / 10)
         now = time.monotonic()
@@ -120,7 +124,7 @@ class RankWatch:
             self.judged = now
             ending = (
                 f"ending rank {self.rank} so that the launch ends instead of waiting for it; once every rank can run, "
-                "continue with --resume_from_checkpoint last"
+                f"continue with {self.resume}"
             )
             if now - self.answered > self.timeout:
                 return (
@@ -137,8 +141,9 @@ class RankWatch:
             )
 
 
-def watch_ranks(timeout: float) -> RankWatch | None:
-    """Start watching the other ranks of this launch; None for one process, `timeout` 0 (off), or no store."""
+def watch_ranks(timeout: float, resume: str = TRAINING_RESUME) -> RankWatch | None:
+    """Start watching the other ranks of this launch (training, or with `resume` "--resume" an evaluation); None for
+    one process, `timeout` 0 (off), or no store."""
     if timeout <= 0 or not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
@@ -149,5 +154,6 @@ def watch_ranks(timeout: float) -> RankWatch | None:
     # One namespace per start of the workers (torchrun restarts them with the same store).
     store = dist.PrefixStore(f"vision_grpo/rank_watch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
     holder = "torchrun's agent" if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else "rank 0"
-    watch = RankWatch(store, dist.get_rank(), dist.get_world_size(), timeout, f"{host}:{port}, held by {holder}")
+    where = f"{host}:{port}, held by {holder}"
+    watch = RankWatch(store, dist.get_rank(), dist.get_world_size(), timeout, where, resume=resume)
     return watch.start()
