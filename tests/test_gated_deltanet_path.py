@@ -33,3 +33,27 @@ def test_loading_a_qwen3_5_model_logs_the_path(caplog):
     with caplog.at_level("INFO", logger="vision_grpo.models.loading"):
         load_model(ModelConfig(model_name_or_path="vision-grpo/tiny-qwen3.5", dtype="float32"))
     assert describe_gated_deltanet_path(gated_deltanet_path()) in caplog.messages
+
+
+@pytest.mark.parametrize("model", ["vision-grpo/tiny-qwen3.5", "vision-grpo/tiny-qwen2.5-vl"])
+def test_an_old_flash_linear_attention_is_refused_for_gated_deltanet_models_only(monkeypatch, model):
+    # fla cannot be installed here (it needs triton and CUDA): the installed version is given at the one place that
+    # reads it, and the refusal (or not) is this project's own decision on it.
+    from trl import ModelConfig
+
+    from vision_grpo.models.loading import load_model
+
+    old = {gated_deltanet.FLA: "0.4.2"}
+    monkeypatch.setattr(gated_deltanet, "installed_version", old.get)
+    model_args = ModelConfig(model_name_or_path=model, dtype="float32")
+    if model.endswith("qwen3.5"):
+        with pytest.raises(RuntimeError, match=r"tiny-qwen3.5: flash-linear-attention 0.4.2 is installed: .* pip"):
+            load_model(model_args)
+    else:
+        assert load_model(model_args).config.model_type == "qwen2_5_vl"  # no Gated DeltaNet layers: no refusal
+
+
+@pytest.mark.parametrize(("installed", "refused"), [(None, False), ("0.4.2", True), ("0.5.0", False), ("0.5.2", False)])
+def test_versions_from_0_5_read_grouped_value_heads(monkeypatch, installed, refused):
+    monkeypatch.setattr(gated_deltanet, "installed_version", lambda name: installed)
+    assert (gated_deltanet.old_fla_message() is not None) == refused

@@ -8,10 +8,15 @@ import logging
 from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText, PreTrainedModel
+from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedModel
 
 from vision_grpo.models.embedded import resolve_model_path
-from vision_grpo.models.gated_deltanet import describe_gated_deltanet_path, gated_deltanet_path
+from vision_grpo.models.gated_deltanet import (
+    describe_gated_deltanet_path,
+    gated_deltanet_path,
+    has_linear_attention,
+    old_fla_message,
+)
 from vision_grpo.models.processing import load_processor
 
 logger = logging.getLogger(__name__)
@@ -30,15 +35,21 @@ def load_model(model_args: Any, trust_remote_code: bool = False, device_map: Any
     """
     if trust_remote_code:
         logger.warning("trust_remote_code is on: code from %s will run", model_args.model_name_or_path)
+    path = resolve_model_path(model_args.model_name_or_path)
+    refused = old_fla_message()  # None unless an old flash-linear-attention is installed: no config read then
+    if refused and has_linear_attention(
+        AutoConfig.from_pretrained(path, revision=model_args.model_revision, trust_remote_code=trust_remote_code)
+    ):
+        raise RuntimeError(f"{model_args.model_name_or_path}: {refused}")
     model = AutoModelForImageTextToText.from_pretrained(
-        resolve_model_path(model_args.model_name_or_path),
+        path,
         revision=model_args.model_revision,
         dtype=_dtype(model_args.dtype),
         attn_implementation=model_args.attn_implementation,
         trust_remote_code=trust_remote_code,
         device_map=device_map,
     )
-    if "linear_attention" in (getattr(model.config.get_text_config(), "layer_types", None) or ()):
+    if has_linear_attention(model.config):
         logger.info(describe_gated_deltanet_path(gated_deltanet_path()))
     return model
 
