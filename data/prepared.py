@@ -487,7 +487,7 @@ class _ReplacingUnreadable:
 
     def _after(self, row_id: str, names: list[str]) -> dict[str, list]:
         if self.positions is None:
-            self.positions = {row_id: index for index, row_id in enumerate(_ids(self.rows))}
+            self.positions = {each: index for index, each in enumerate(_ids(self.rows))}
         following = self.rows[(self.positions[row_id] + 1) % len(self.rows)]
         return {name: [following[name]] for name in names}
 
