@@ -47,6 +47,7 @@ from vision_grpo.storage.writes import (
     append_bytes,
     file_sha256,
     full_disk_message,
+    held_open_elsewhere,
     is_full_disk,
     write_text_atomic,
 )
@@ -308,14 +309,16 @@ def _full_disk_estimated(
 ) -> Iterator[None]:
     """A full disk while the pass writes `cache` becomes `DiskFull` naming it and the cache's size, estimated from
     the first `SIZE_SAMPLE` rows checked in memory. `datasets` leaves its half-written temporary file (`tmp…`) on
-    the full disk: the ones that appeared during the pass are removed."""
+    the full disk, closed by then: the ones that appeared during the pass are removed, but not one another process
+    holds open (another key's pass, writing into the same folder)."""
     before = set(cache.parent.glob("tmp*"))
     try:
         yield
     except Exception as error:
         if not is_full_disk(error, cache, None):
             raise
-        for leftover in set(cache.parent.glob("tmp*")) - before:
+        appeared = set(cache.parent.glob("tmp*")) - before
+        for leftover in appeared - held_open_elsewhere(appeared):
             leftover.unlink(missing_ok=True)
         if isinstance(error, DiskFull):  # the seal's own write, already named
             raise

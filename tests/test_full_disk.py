@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -65,19 +67,32 @@ def test_a_full_disk_while_the_rows_cache_is_written_names_it_and_the_rerun_buil
     folder = write_source(tmp_path / "data", [str(i % 9) for i in range(300)])
     real = ArrowWriter.__init__
 
+    rows = tmp_path / "cache" / ROWS_CACHE
+    other = rows / "tmp-another-keys-pass"  # what another key's pass on the same folder writes meanwhile
+    writers: list[subprocess.Popen] = []
+
     def full(self: ArrowWriter, *args: Any, **kwargs: Any) -> None:  # the writer of the pass's file
         real(self, *args, **kwargs)
         if ROWS_CACHE in str(kwargs.get("path")):  # not the source's own Arrow cache, which `datasets` writes first
             self.stream = FullAfter(self.stream, budget=2000)
+            hold = f"f = open({str(other)!r}, 'ab'); print(flush=True); import time; time.sleep(120)"
+            writers.append(subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True))
+            writers[-1].stdout.readline()  # it holds the file open
 
     monkeypatch.setattr(ArrowWriter, "__init__", full)
-    with pytest.raises(DiskFull) as failed:
-        rows_of(recipe(folder))
-    rows = tmp_path / "cache" / ROWS_CACHE
+    try:
+        with pytest.raises(DiskFull) as failed:
+            rows_of(recipe(folder))
+        assert [path.name for path in rows.glob("tmp*")] == [other.name]  # ours removed, the live writer's kept
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait()
     message = str(failed.value)
     assert f"no space left on the device to write {rows}/" in message and ".arrow: the write needed about " in message
     assert "kB" in message and "free some space and run the same command again" in message
-    assert not list(rows.glob("*.arrow")) and not list(rows.glob("tmp*"))  # nothing half-written left to read
+    assert not list(rows.glob("*.arrow"))  # nothing half-written left to read
+    other.unlink()
     monkeypatch.setattr(ArrowWriter, "__init__", real)  # space freed
     assert len(rows_of(recipe(folder))) == 300
 

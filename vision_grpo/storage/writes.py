@@ -5,6 +5,7 @@ needed and what is free there, instead of a raw errno or a library's own words f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import hashlib
@@ -149,6 +150,23 @@ def process_running(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def held_open_elsewhere(paths: set[Path]) -> set[Path]:
+    """Those of `paths` that another process of this machine holds open (a live writer's file): one look at every
+    process's open files in /proc (those of another user's processes cannot be read, and count as not held)."""
+    targets = {os.path.realpath(path): path for path in paths}
+    held: set[Path] = set()
+    for descriptors in Path("/proc").glob("[0-9]*/fd"):
+        if not targets or descriptors.parent.name == str(os.getpid()):
+            continue
+        with contextlib.suppress(OSError):  # ended meanwhile, or not ours to read
+            for descriptor in descriptors.iterdir():
+                with contextlib.suppress(OSError):
+                    found = targets.pop(os.readlink(descriptor), None)
+                    if found is not None:
+                        held.add(found)
+    return held
 
 
 def write_text_atomic(path: Path, text: str) -> None:
