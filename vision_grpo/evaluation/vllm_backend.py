@@ -176,13 +176,15 @@ class VLLMEvaluator(Evaluator):
         group (`cleanup_dist_env_and_memory`), so it runs after the evaluation's last collective."""
         self.llm.llm_engine.engine_core.shutdown()
 
-    def placement(self) -> dict[str, str]:
-        """The engine's dtype and device: it holds the weights that generate."""
+    def placement(self) -> dict[str, Any]:
+        """The engine's dtype, device and tensor-parallel size, as the engine reports them: it holds the weights
+        that generate."""
         from vllm.platforms import current_platform
 
         return {
             "dtype": str(self.llm.model_config.dtype).removeprefix("torch."),
             "device": current_platform.device_type,
+            "tensor_parallel_size": self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
         }
 
     def sampling_params(self, max_new_tokens: int) -> Any:
