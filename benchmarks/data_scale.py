@@ -225,8 +225,8 @@ def measure(args: argparse.Namespace, scratch: Path, rows: int) -> dict[str, Any
     name = source_name(rows, args.width, args.height, args.format, args.images, args.row_group_rows)
     folder = write_source(scratch / name, rows, args.width, args.height, args.format, args.images, args.row_group_rows)
     layout = pq.read_metadata(folder / "train.parquet")
-    cache = scratch / f"cache-{name}{'-skip' if args.skip_bad_rows else ''}"
     skip = args.skip_bad_rows
+    cache = scratch / f"cache-{name}{'-skip' if skip else ''}"
     reused = args.reuse_cache and cache.is_dir()
     if not reused:
         shutil.rmtree(cache, ignore_errors=True)  # a first start finds nothing

@@ -158,7 +158,9 @@ def held_open_elsewhere(paths: set[Path]) -> set[Path]:
     targets = {os.path.realpath(path): path for path in paths}
     held: set[Path] = set()
     for descriptors in Path("/proc").glob("[0-9]*/fd"):
-        if not targets or descriptors.parent.name == str(os.getpid()):
+        if not targets:
+            break  # every path found: the other processes need not be read
+        if descriptors.parent.name == str(os.getpid()):
             continue
         with contextlib.suppress(OSError):  # ended meanwhile, or not ours to read
             for descriptor in descriptors.iterdir():
