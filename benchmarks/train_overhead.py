@@ -31,6 +31,10 @@ from typing import Any
 from common import RECIPE, Measured, check, machine, markdown_table, median, read_step_log, report, run_measured
 
 SIDES = {"ours": ["recipes/train.py"], "bare": ["benchmarks/bare_trl.py"]}
+# The overhead of the entry point, on TRL's training pass: the packed pass computes the same update in another float
+# summation order, and the round-off changes the next step's samples (benchmarks/training_pass.py measures it).
+TRL_TRAINING_PASS = ["--share_prompt_in_training", "false", "--balance_micro_batches", "false"]
+TRL_TRAINING_PASS += ["--skip_zero_advantage", "false"]
 
 
 def run_once(
@@ -48,6 +52,7 @@ def run_once(
     output = workdir / side
     overrides = ["--output_dir", str(output), "--run_name", "bench", "--max_steps", str(steps)]
     overrides += ["--save_strategy", "no", "--logging_steps", "1", "--report_to", "tensorboard", *extra]
+    overrides += TRL_TRAINING_PASS if side == "ours" else []
     # TRL's TensorBoard folder comes from this variable only; one inherited from the caller would take the bare
     # side's events elsewhere (ours sets its own)
     env = {"TENSORBOARD_LOGGING_DIR": str(output), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}

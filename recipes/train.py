@@ -77,6 +77,10 @@ def train(run: RecipeRun) -> Path:
         vision_lr_scale=task_args.vision_lr_scale if task_args.vision_tower == "scaled_lr" else None,
         logprob_guard=LogprobGapGuard.from_recipe(task_args),
         share_prompt_copies=task_args.share_prompt_copies,
+        share_decode_cache=task_args.share_decode_cache,
+        share_prompt_in_training=task_args.share_prompt_in_training,
+        balance_micro_batches=task_args.balance_micro_batches,
+        skip_zero_advantage=task_args.skip_zero_advantage,
         skip_reward_faults=task_args.reward_faults == "skip",
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop

@@ -68,6 +68,33 @@ def test_shared_prefill_samples_the_per_copy_completions_from_fewer_tokens(name:
     assert once_tokens == 3 * (length - 1) + rows + decoded
 
 
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_the_decode_cache_holds_each_prompt_once_and_samples_the_same(name: str) -> None:
+    """3 prompts x G rows: the full-attention layers keep the prompts' keys and values once, each row only its
+    completion's; `share_cache=False` keeps a copy per row, with the same completions."""
+    model, inputs = _model_and_inputs(name)
+
+    def cached(share: bool) -> tuple[torch.Tensor, int, int]:
+        share_prefill(model, share_cache=share)
+        torch.manual_seed(1)
+        out = model.generate(**inputs, **SAMPLING, return_dict_in_generate=True)
+        layers = [layer for layer in out.past_key_values.layers if hasattr(layer, "keys") and layer.keys is not None]
+        stored = sum(t.numel() for layer in layers for t in vars(layer).values() if isinstance(t, torch.Tensor))
+        return out.sequences, stored, len(layers)
+
+    copied, copied_elements, layers = cached(False)
+    shared, shared_elements, _ = cached(True)
+    assert torch.equal(copied, shared)
+    rows, prompt = inputs["input_ids"].shape
+    decoded = copied.shape[1] - prompt
+    # per full-attention layer: keys and values of [rows, heads, prompt + decoded - 1, head size] when copied;
+    # of 3 prompts' [prompt - 1] and the rows' own [decoded] when shared (the row index aside)
+    per_position = copied_elements / (layers * rows * (prompt + decoded - 1))
+    expected = layers * per_position * (3 * (prompt - 1) + rows * decoded) + layers * rows
+    assert shared_elements == pytest.approx(expected)
+    assert shared_elements < copied_elements / 2
+
+
 def test_rows_count_as_copies_only_next_to_each_other_and_bit_identical() -> None:
     ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 7], [5, 6]])
     pixels = torch.rand(5 * 4, 3)

@@ -152,9 +152,18 @@ def test_a_frozen_tower_encodes_each_image_once_per_step(name: str) -> None:
 def _train(tmp_path: Path, share: bool) -> tuple[dict, str]:
     records = tmp_path / f"records-{share}"
     records.mkdir()
-    # No LoRA dropout: with it the per-copy prefill draws a mask per copy, and the shared prefill is not used
+    # No LoRA dropout: with it the per-copy prefill draws a mask per copy, and the shared prefill is not used. TRL's
+    # per-copy training pass, so that the tower sees every copy there (the packed pass hands it each image once).
+    trl_pass = [
+        "--share_prompt_in_training",
+        "false",
+        "--balance_micro_batches",
+        "false",
+        "--skip_zero_advantage",
+        "false",
+    ]
     args = recorded_training_args(
-        tmp_path / f"run-{share}", "--share_prompt_copies", str(share).lower(), "--lora_dropout", "0"
+        tmp_path / f"run-{share}", "--share_prompt_copies", str(share).lower(), "--lora_dropout", "0", *trl_pass
     )
     process = run_script(args, timeout=600, env={RECORD_ENV: str(records)})
     return read_records(records, "step")[-1]["checksums"], process.stderr

@@ -12,6 +12,12 @@ Dropout active during generation (TRL samples in training mode, so `lora_dropout
 samples one shared mask on the prompt instead of one each - a change of their joint distribution - so while any
 dropout is active the per-copy `generate` runs (the GPU recipes set `lora_dropout: 0.0`).
 
+With `share_cache` (the default) the prompt's keys and values stay once per prompt for the whole decode
+(`SharedPrefixLayer`): each row keeps only its own completion's, and a layer expands the prompt part to its rows only
+while it attends, so the persistent cache is D prompts + G x completion tokens instead of G x (prompt + completion).
+The attention sees the same tensors, so the samples are the same; the expansion is a copy per layer and decoding
+step, memory traffic traded for memory. Gated DeltaNet's states are per row and small: copied as before.
+
 Only caches whose layers it knows are copied (attention keys and values, Gated DeltaNet's conv and recurrent
 states); anything else, or rows it cannot map to their images, keeps the per-copy `generate`, with one warning.
 """
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from vision_grpo.models.shared_vision import distinct_images, towers
 
@@ -111,15 +118,55 @@ def distinct_inputs(inputs: dict[str, Any], runs: Runs, layout: list[list[int]])
     return out
 
 
-def copy_cache_rows(cache: Any, index: torch.Tensor) -> None:
-    """Give each row of `index` the cache row it names, in every layer; refuse a layer it does not know."""
+class SharedPrefixLayer(DynamicLayer):
+    """A full-attention cache layer whose prompt part is held once per distinct prompt (`prefix_*`: [D, heads,
+    prompt, head size]) and whose rows keep only what was decoded after it; `rows[i]` is row i's prompt."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor) -> None:
+        super().__init__()
+        self.prefix_keys, self.prefix_values, self.rows = keys, values, rows
+        self.lazy_initialization(keys[:0], values[:0])
+        self.keys = keys.new_empty(len(rows), keys.shape[1], 0, keys.shape[3])
+        self.values = values.new_empty(len(rows), values.shape[1], 0, values.shape[3])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        keys = torch.cat([self.prefix_keys[self.rows], self.keys], dim=-2)  # this layer's, freed after it attends
+        return keys, torch.cat([self.prefix_values[self.rows], self.values], dim=-2)
+
+    def get_seq_length(self) -> int:
+        return self.prefix_keys.shape[-2] + self.keys.shape[-2]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if abs(tokens_to_remove) > self.keys.shape[-2]:
+            raise CannotShare("a crop into the shared prompt")
+        super().crop(tokens_to_remove)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.rows = self.rows.repeat_interleave(repeats)
+        self.keys, self.values = (t.repeat_interleave(repeats, dim=0) for t in (self.keys, self.values))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.rows, self.keys, self.values = self.rows[indices], self.keys[indices], self.values[indices]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+def copy_cache_rows(cache: Any, index: torch.Tensor, share: bool = False) -> None:
+    """Give each row of `index` the cache row it names, in every layer (full-attention layers shared instead of
+    copied with `share`); refuse a layer it does not know."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise CannotShare(f"a {type(cache).__name__} without layers")
-    for layer in layers:
+    for number, layer in enumerate(layers):
         names = COPYABLE_LAYERS.get(type(layer).__name__)
         if names is None:
             raise CannotShare(f"a cache layer it does not know ({type(layer).__name__})")
+        if share and type(layer) is DynamicLayer:
+            layers[number] = SharedPrefixLayer(layer.keys, layer.values, index)
+            continue
         for name in names:
             value = getattr(layer, name)
             if isinstance(value, dict):
@@ -142,6 +189,7 @@ class SharedPrefillGenerate:
 
     model: Any
     generate: Any  # the model's own generate
+    share_cache: bool = True  # the prompt's keys and values once per prompt while decoding (SharedPrefixLayer)
     reported: bool = False
     fallback: str | None = None
 
@@ -194,15 +242,16 @@ class SharedPrefillGenerate:
         if owner.rope_deltas is None:
             raise CannotShare("the prefill left no rope deltas")
         rows = rows.to(distinct["input_ids"].device)
-        copy_cache_rows(output.past_key_values, rows)
+        copy_cache_rows(output.past_key_values, rows, self.share_cache)
         owner.rope_deltas = owner.rope_deltas[rows]
         return output.past_key_values
 
 
-def share_prefill(model: Any) -> SharedPrefillGenerate:
+def share_prefill(model: Any, share_cache: bool = True) -> SharedPrefillGenerate:
     """Install `SharedPrefillGenerate` on `model` (PEFT-wrapped or not); idempotent."""
     if isinstance(model.generate, SharedPrefillGenerate):
+        model.generate.share_cache = share_cache
         return model.generate
-    shared = SharedPrefillGenerate(model, model.generate)
+    shared = SharedPrefillGenerate(model, model.generate, share_cache)
     model.generate = shared
     return shared

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,11 @@ class StepFeatureCache:
         return next((features for pixels, features in self.entries.get(key, []) if torch.equal(pixels, patches)), None)
 
     def put(self, key: tuple, patches: torch.Tensor, features: Any) -> None:
-        self.entries.setdefault(key, []).append((patches.detach().clone(), features))
+        """Kept without their graph: a frozen tower's features have no trainable parameter upstream, yet with
+        activation checkpointing transformers makes the tower's patch embedding require grad, and a later pass's
+        backward would run through the graph of the pass that filled the cache (freed by its own backward)."""
+        detached = tree_map(lambda value: value.detach() if isinstance(value, torch.Tensor) else value, features)
+        self.entries.setdefault(key, []).append((patches.detach().clone(), detached))
 
     def clear(self) -> None:
         self.entries.clear()

@@ -21,6 +21,8 @@ from vision_grpo.recipe.arguments import RecipeError
 SHIPPED_CONFIGS = Path(__file__).parent / "model_configs"
 DEFAULT_PROMPT_TEXT_TOKENS = 256  # an assumption, printed with the plan: system prompt + question, without images
 DEFAULT_IMAGE_PIXELS = 1003520  # transformers' Qwen2-VL image processor cap, used when a recipe sets no max_pixels
+# The GeoQA seed's measured mean completion (tokens): what a packed group's training forward holds per completion.
+DEFAULT_EXPECTED_COMPLETION = 279
 
 
 def model_config(name: str) -> Any:
@@ -140,9 +142,17 @@ def build_plan(
     images_per_prompt: int = 1,
     generation_batch_set: bool = False,
     deltanet: GatedDeltaNetPath | None = None,
+    expected_completion: int = DEFAULT_EXPECTED_COMPLETION,
+    dead_group_share: float = 0.0,
 ) -> Plan:
     """The plan of one recipe (its three parsed dataclasses) on `num_processes` ranks laid out as `zero`. Qwen3.5's
-    Gated DeltaNet layers are counted on the `deltanet` path; None: the path they take on this machine."""
+    Gated DeltaNet layers are counted on the `deltanet` path; None: the path they take on this machine.
+
+    With `share_prompt_in_training` a micro-batch holds whole groups, each packed as one row of its prompt and its
+    completions (vision_grpo/models/shared_prompt.py), cut to their lengths: the train phase counts
+    `expected_completion` tokens per completion (a group whose completions all reach the limit needs more: the
+    activations' note says how much). `dead_group_share` (groups whose rewards are all equal, left out of the
+    training pass) changes the training tokens per step, not the peak of a micro-batch."""
     config = model_config(model_args.model_name_or_path)
     if getattr(config, "vision_config", None) is None:
         raise RecipeError(
@@ -161,7 +171,13 @@ def build_plan(
     patches, image_tokens = mf.image_tokens(shape, pixels)
     batch, completion = training_args.per_device_train_batch_size, training_args.max_completion_length
     prompt = prompt_text_tokens + images_per_prompt * image_tokens
-    tokens = batch * (prompt + completion)
+    group = training_args.num_generations
+    packed = bool(task_args.share_prompt_in_training)
+    expected = min(expected_completion, completion) if packed else completion
+    groups = -(-batch // group)  # whole groups per micro-batch (training_pass.py)
+    tokens = groups * (prompt + group * (1 + expected)) if packed else batch * (prompt + completion)
+    worst = groups * (prompt + group * (1 + completion)) if packed else tokens
+    scored = groups * group * expected if packed else batch * completion
     if generation_batch_set:
         generated = training_args.generation_batch_size // num_processes
     else:
@@ -175,11 +191,22 @@ def build_plan(
 
     path_from = "--gated_deltanet_path" if deltanet else "detected here"
     deltanet = deltanet or gated_deltanet_path()
+    if packed:
+        step = round((1 - dead_group_share) * tokens * training_args.steps_per_generation)
+        micro = (
+            f"micro-batch {groups} group(s) of {group}, each packed as {prompt} prompt [{image_tokens} image tokens "
+            f"at {pixels} px, {pixels_from}; {prompt_text_tokens} text, assumed] + {group} x (1 + {expected} "
+            f"completion, expected; limit {completion}) = {tokens} tokens; {step} training tokens per generation "
+            f"batch with {dead_group_share:.0%} of groups without signal"
+        )
+    else:
+        micro = (
+            f"micro-batch {batch} x ({prompt} prompt [{image_tokens} image tokens at {pixels} px, {pixels_from}; "
+            f"{prompt_text_tokens} text, assumed] + {completion} completion) tokens"
+        )
     plan = Plan(
         model=model_args.model_name_or_path,
-        sizes=f"micro-batch {batch} x ({prompt} prompt [{image_tokens} image tokens at {pixels} px, {pixels_from}; "
-        f"{prompt_text_tokens} text, assumed] + {completion} completion) tokens, {generated} sequences generated "
-        f"at once, {num_processes} process(es), {zero.describe()}"
+        sizes=f"{micro}, {generated} sequences generated at once, {num_processes} process(es), {zero.describe()}"
         + (f", Gated DeltaNet layers: {deltanet} ({path_from})" if "linear_attention" in shape.layer_types else ""),
     )
     plan.parts.extend(
@@ -191,19 +218,26 @@ def build_plan(
         plan.parts.append(Part("weights gathered for generation", gathered, "generation", "ds3_gather_for_generation"))
 
     layers = [mf.text_layer_bytes_per_token(shape, t, rank, i == 0, deltanet) for i, t in enumerate(shape.layer_types)]
-    full = sum(layers) * tokens + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
-    checkpointed = len(layers) * tokens * shape.hidden * mf.BF16 + max(layers) * tokens
     gc = bool(training_args.activation_checkpointing)
-    other = checkpointed if not gc else full
+
+    def activations(n: int, checkpointing: bool) -> float:
+        if checkpointing:
+            return len(layers) * n * shape.hidden * mf.BF16 + max(layers) * n
+        return sum(layers) * n + counts["lora"] * mf.BF16  # + autocast's bf16 copies of the adapters
+
+    worst_note = f"; completions all at the limit: {activations(worst, gc) / GiB:.2f} GiB" if worst > tokens else ""
     plan.parts.append(
         Part(
             f"activations ({'with' if gc else 'without'} activation checkpointing)",
-            checkpointed if gc else full,
+            activations(tokens, gc),
             "train",
             "per_device_train_batch_size" if gc else "activation_checkpointing",
-            f"{'without' if gc else 'with'} it: {other / GiB:.2f} GiB",
+            f"{'without' if gc else 'with'} it: {activations(tokens, not gc) / GiB:.2f} GiB{worst_note}",
         )
     )
+    if packed:  # sdpa's boolean block mask and the bf16 bias it becomes
+        length = tokens // groups
+        plan.parts.append(Part("packed rows' block mask", groups * length**2 * (1 + mf.BF16), "train", "max_pixels"))
     if vision_trains:
         vision_patches = distinct_batch * images_per_prompt * patches
         block = mf.vision_block_bytes_per_patch(shape, rank)
@@ -218,7 +252,7 @@ def build_plan(
         plan.parts.append(
             Part(f"vision features kept for the step ({distinct_generated} prompts)", kept, "both", "max_pixels")
         )
-    kept, transient = mf.head_bytes(shape, batch * completion, lm_head_trains=not peft)
+    kept, transient = mf.head_bytes(shape, scored, lm_head_trains=not peft)
     plan.parts.append(
         Part(
             f"log-probs: TRL fused head, vocabulary {shape.vocab}",
@@ -232,17 +266,23 @@ def build_plan(
     if training_args.use_vllm and training_args.vllm_mode == "colocate":
         plan.vllm_share = training_args.vllm_gpu_memory_utilization
     elif not training_args.use_vllm:
-        state = generated * mf.linear_state_bytes_per_sequence(shape)
-        prompts, completions = (generated * n * mf.kv_cache_bytes_per_token(shape) for n in (prompt, completion))
-        key, why = "steps_per_generation", "fewer sequences per generate call (or use_vllm)"
-        plan.parts.append(
-            Part(f"generation cache, prompts ({generated} sequences)", prompts + state, "generate", key, why)
-        )
-        plan.parts.append(Part("generation cache, completions", completions, "decode", key, why))
         # HF generation with `share_prompt_copies`: the tower encodes each distinct image once and, without LoRA
-        # dropout, the prefill runs once per distinct prompt, its cache then copied to the G rows
+        # dropout, the prefill runs once per distinct prompt, its cache then copied to the G rows - or, with
+        # `share_decode_cache`, kept once per prompt and expanded by one layer at a time while it attends
         # (vision_grpo/models/shared_prefill.py); the float32 pixel patches of every copy (TRL's inputs) stay alive.
         prefilled = distinct_generated if share and not (peft and model_args.lora_dropout > 0) else generated
+        once = prefilled < generated and task_args.share_decode_cache
+        state = generated * mf.linear_state_bytes_per_sequence(shape)
+        kv = mf.kv_cache_bytes_per_token(shape)
+        prompts, completions = (prefilled if once else generated) * prompt * kv, generated * completion * kv
+        key, why = "steps_per_generation", "fewer sequences per generate call (or use_vllm)"
+        held = f"{prefilled} prompts once" if once else f"{generated} sequences"
+        plan.parts.append(Part(f"generation cache, prompts ({held})", prompts + state, "generate", key, why))
+        plan.parts.append(Part("generation cache, completions", completions, "decode", key, why))
+        if once:
+            full_layers = sum(t == "full_attention" for t in shape.layer_types)
+            expanded = generated * (prompt + completion) * kv / max(1, full_layers)
+            plan.parts.append(Part("decode: one layer's prompt cache expanded to its rows", expanded, "decode", key))
         pixels = 3 * shape.temporal_patch * shape.patch**2
         copied_pixels = (distinct_generated if prefilled < generated else 0) * mf.FP32 * pixels  # the prefill's rows
         per_patch = (

@@ -13,7 +13,12 @@ from typing import Any
 import torch
 import yaml
 
-from vision_grpo.plan.build import DEFAULT_PROMPT_TEXT_TOKENS, accelerate_layout, build_plan
+from vision_grpo.plan.build import (
+    DEFAULT_EXPECTED_COMPLETION,
+    DEFAULT_PROMPT_TEXT_TOKENS,
+    accelerate_layout,
+    build_plan,
+)
 from vision_grpo.plan.parts import GiB, Plan
 from vision_grpo.plan.zero import launched_zero
 from vision_grpo.recipe.arguments import RecipeError
@@ -37,6 +42,13 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
     own.add_argument("--images_per_prompt", type=bounded_int("images_per_prompt"), default=1)
     # Qwen3.5's Gated DeltaNet layers: plan for the path they take here (auto), or for another machine's
     own.add_argument("--gated_deltanet_path", choices=("auto", "kernels", "torch"), default="auto")
+    # The packed training pass: tokens per completion it plans for, and the share of groups it leaves out
+    own.add_argument(
+        "--expected_completion_length",
+        type=bounded_int("expected_completion_length"),
+        default=DEFAULT_EXPECTED_COMPLETION,
+    )
+    own.add_argument("--dead_group_share", type=_share, default=0.0)
     flags, rest = own.parse_known_args(argv)
     # The plan runs anywhere: without `use_cpu` a bf16 recipe is refused by TrainingArguments on a machine with no GPU
     task_args, training_args, model_args = parse_recipe(
@@ -55,8 +67,21 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
         flags.images_per_prompt,
         generation_batch_set="generation_batch_size" in recipe or "--generation_batch_size" in rest,
         deltanet=None if flags.gated_deltanet_path == "auto" else flags.gated_deltanet_path,
+        expected_completion=flags.expected_completion_length,
+        dead_group_share=flags.dead_group_share,
     )
     return plan, flags
+
+
+def _share(text: str) -> float:
+    """A fraction between 0 and 1 (a plan flag), refused naming the flag otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise RecipeError(f"--dead_group_share: a fraction of at least 0 and below 1, got {text!r}")
+    return value
 
 
 def check_before_training(task_args: Any, training_args: Any, model_args: Any) -> Plan | None:

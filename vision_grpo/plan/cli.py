@@ -2,13 +2,17 @@
 
     python -m vision_grpo.plan --config recipes/geoqa/qwen3_5_4b_lora.yaml [--num_processes N]
         [--accelerate_config accelerate_configs/zero3.yaml] [--image_pixels P] [--prompt_text_tokens T]
-        [--images_per_prompt K] [--gated_deltanet_path auto|kernels|torch] [--key value ...]
+        [--images_per_prompt K] [--gated_deltanet_path auto|kernels|torch] [--expected_completion_length C]
+        [--dead_group_share S] [--key value ...]
 
 It reads the model's config only (a local folder's config.json, a copy shipped in vision_grpo/plan/model_configs/ for
 the shipped GPU recipes, or the Hugging Face cache), builds the model on the meta device to count its parameters,
 and applies vision_grpo/plan/formulas.py. Qwen3.5's Gated DeltaNet layers are counted on the path they take on this
 machine (the flash-linear-attention + causal-conv1d kernels, or transformers' torch fallback); the first line names
-it, and `--gated_deltanet_path kernels` plans a GPU machine with the `gpu` extra from anywhere. Training prints the
+it, and `--gated_deltanet_path kernels` plans a GPU machine with the `gpu` extra from anywhere. With the packed
+training pass (`share_prompt_in_training`, the default) a micro-batch is planned with C tokens per completion (the
+GeoQA seed's mean, 279, unless `--expected_completion_length` says otherwise) and S of the groups left out of the
+pass (`--dead_group_share`, default 0: it changes the tokens per step, not the peak). Training prints the
 same plan and refuses to start when it exceeds the GPU that is present (recipe key `memory_plan_check: false` skips
 the refusal). docs/memory.md compares each part with measurements and says what only a GPU run can confirm.
 """

@@ -86,6 +86,23 @@ class BaseTaskArguments:
             "per-copy path, for comparison or as an escape hatch."
         },
     )
+    share_decode_cache: bool = field(
+        default=True,
+        metadata={"help": "HF generation: each prompt's keys and values once while decoding; false: a copy per row."},
+    )
+    # The training pass (vision_grpo/training/training_pass.py): each key turns one saving off.
+    share_prompt_in_training: bool = field(
+        default=True,
+        metadata={"help": "Each prompt once per group in the training forward; false: TRL's per-copy rows."},
+    )
+    balance_micro_batches: bool = field(
+        default=True,
+        metadata={"help": "Micro-batches of whole groups, token-balanced, cut to their lengths; false: TRL's split."},
+    )
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={"help": "Rows of advantage 0 skip forward and backward (update unchanged); false: all rows run."},
+    )
     # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
     sft_targets: list[str] = field(
         default_factory=lambda: ["{count}.", "I count {count} of them, so the answer is \\boxed{{count}}."],

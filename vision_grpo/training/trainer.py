@@ -24,12 +24,14 @@ from vision_grpo.plugins.rewards import RewardPluginError
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
 from vision_grpo.training.logprob_guard import LogprobGapGuard
+from vision_grpo.training.training_pass import GroupedTrainingPass
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
 
 
-class VisionGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate, and
-    generation never samples a vision special token.
+class VisionGRPOTrainer(GroupedTrainingPass, GRPOTrainer):
+    """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate,
+    generation never samples a vision special token, and the training pass pays only for signal
+    (vision_grpo/training/training_pass.py).
 
     TRL suppresses only `image_token_id`: a sampled `<|vision_start|>` or `<|video_pad|>` reaches the training forward
     pass inside the completion, where Qwen-VL models read it as the start of an image or video that has no features.
@@ -41,6 +43,10 @@ class VisionGRPOTrainer(GRPOTrainer):
         vision_lr_scale: float | None = None,
         logprob_guard: LogprobGapGuard | None = None,
         share_prompt_copies: bool = True,
+        share_decode_cache: bool = True,
+        share_prompt_in_training: bool = True,
+        balance_micro_batches: bool = True,
+        skip_zero_advantage: bool = True,
         skip_reward_faults: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -48,12 +54,13 @@ class VisionGRPOTrainer(GRPOTrainer):
         self.skip_reward_faults = skip_reward_faults
         self.skipped_completions = 0  # over all processes, in this launch (the manifest records it)
         super().__init__(*args, **kwargs)
+        self.configure_training_pass(share_prompt_in_training, balance_micro_batches, skip_zero_advantage)
         if share_prompt_copies:  # after super(): PEFT's adapters are in place, so "frozen" means frozen
             zero3 = getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
             shared = share_vision_tower(self.model, reuse_across_passes=not zero3)
             self.add_callback(StepScopedFeatures(shared))
             if not self.use_vllm:  # vLLM gets each prompt once with n = G instead (VisionPromptEngine)
-                share_prefill(self.model)
+                share_prefill(self.model, share_decode_cache)
         if not self.use_vllm:  # vLLM samples with its own logits processing
             already = self.generation_kwargs.get("suppress_tokens") or []
             suppressed = sorted(set(already) | set(vision_special_token_ids(self._tokenizer)))
