@@ -149,6 +149,20 @@ def test_a_frozen_tower_encodes_each_image_once_per_step(name: str) -> None:
     assert shared.calls == 2
 
 
+def test_features_kept_by_a_pass_with_gradients_serve_the_next_pass_backward() -> None:
+    """With vLLM the step's first forward through the model can be a training micro-batch: its features, kept for
+    the next micro-batch, must not carry the graph that the first backward frees (activation checkpointing makes
+    the frozen tower's patch embedding require grad)."""
+    model, batch = _model_and_batch(FAMILY_MODELS[0], "train")
+    model.model.visual.requires_grad_(False)
+    model.enable_input_require_grads()  # as the Trainer does for activation checkpointing
+    (shared,) = share_vision_tower(model)
+    shared.cache.active = True
+    first, second = (_log_probs_and_gradients(model, batch) for _ in range(2))
+    assert shared.calls == 1
+    assert torch.equal(first[0], second[0])
+
+
 def _train(tmp_path: Path, share: bool) -> tuple[dict, str]:
     records = tmp_path / f"records-{share}"
     records.mkdir()
