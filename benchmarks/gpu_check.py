@@ -11,9 +11,12 @@ completions of up to 1,024 tokens, LoRA r32, activation checkpointing) for one G
    gpu_check_parts.py), next to the memory plan's figure for that phase (vision_grpo/plan, `build_plan`'s parts, at
    the fixture's largest image) and their ratio.
 2. Vision sharing (issue 27): the same step with `--share_prompt_copies false`: step time and peak, per-copy / shared.
-3. vLLM vs HF: the same step with `--use_vllm true --vllm_mode colocate`, if vllm is importable (else recorded as
+3. The training pass: the same step on TRL's pass (`--share_prompt_in_training false --balance_micro_batches
+   false`): step time and peak, TRL's / packed. Every variant trains every row (`--skip_zero_advantage false`): a
+   random-weight model scores every completion alike, and with the skip its training pass would run nothing.
+4. vLLM vs HF: the same step with `--use_vllm true --vllm_mode colocate`, if vllm is importable (else recorded as
    skipped, with the reason).
-4. GeoQA evaluation: `eval/evaluate.py` on the first `--eval-items` (100) questions of the fixed subset of the
+5. GeoQA evaluation: `eval/evaluate.py` on the first `--eval-items` (100) questions of the fixed subset of the
    GeoQA-schema fixture, 1,024 new tokens (the seed's), HF and vLLM backends: samples/s next to the seed's 2.20
    ("Base 71.0% 75.0% 2.20 sample/s 48.65s": the seed's eval.py on its sampling service, 100 test questions,
    temperature 0.0, 1,024 max tokens, concurrent `sample_async()` calls).
@@ -31,11 +34,14 @@ estimates for one H200 that are derived, not measured (no GPU was lent to us):
 - train_hf (cap 130 s, ~90 s): start and load ~25 s; one `generate` of 64 sequences, 1,024 steps at ~35 ms ~36 s;
   the training pass over 64 x ~1,350 tokens, 8 x 4.65e9 x 86e3 = 3.2e15 FLOPs (forward, backward, recompute) at an
   assumed 30% of the card's 989 TFLOPS ~11 s, doubled for the Gated DeltaNet torch fallback ~22 s; the plan ~5 s.
+- train_hf_trl_pass (cap 130 s, ~95 s): train_hf with the training pass over 64 rows of prompt + 1,024 tokens
+  instead of 8 packed rows of prompt + 8 x 1,025 (a random-weight model's completions all reach the limit).
 - train_vllm (cap 160 s, ~115 s): start and load ~25 s, vLLM's engine start (profiling, CUDA graphs) ~60 s,
   generation ~10 s, the training pass ~22 s.
 - eval_vllm (cap 120 s, ~95 s): start ~25 s, engine start ~60 s, 100 sequences of 1,024 tokens ~10 s.
 - train_hf_per_copy (cap 130 s, ~95 s): train_hf plus the prefill of 64 prompts instead of 8 and every copy's tower.
-Sum ~525 s with the parameter counts (~15 s); the budget leaves 30 s of the 10 minutes for start-up and writing.
+Sum ~620 s with the parameter counts (~15 s): past the 570-s budget, so the last part (train_hf_per_copy) is the
+one recorded as skipped unless the others run faster than estimated.
 
 Each model is the embedded replica (`vision-grpo/tiny-qwen3.5`, `vision-grpo/tiny-qwen2.5-vl`: tokenizer, chat
 template, processor, config) with the published dimensions put into its config (below), random bf16 weights made on
@@ -155,8 +161,13 @@ VLLM_COLOCATE += ["--vllm_max_model_length", "2048"]  # prompt (~300 tokens at t
 # Random weights are no calibration of the logprob-gap guard (docs/evaluation.md): it warns here, never stops the step.
 VLLM_COLOCATE += ["--logprob_gap_action", "warn"]
 # The seed step's variants: name -> (recipe overrides, label, cap in seconds).
+# A random-weight model earns one reward for every completion: every group would be left out of the training pass,
+# which then measures nothing. Every variant trains every row.
+EVERY_ROW = ["--skip_zero_advantage", "false"]
+TRL_PASS = ["--share_prompt_in_training", "false", "--balance_micro_batches", "false"]
 TRAIN_PARTS = {
     "train_hf": ([], "HF generation, copies shared", 130),
+    "train_hf_trl_pass": (TRL_PASS, "HF generation, TRL's training pass (each row its prompt, padded)", 130),
     "train_vllm": (VLLM_COLOCATE, "vLLM colocate", 160),
     "train_hf_per_copy": (["--share_prompt_copies", "false"], "HF generation, every copy encoded and prefilled", 130),
 }
@@ -367,7 +378,7 @@ def main() -> None:
         overrides, _, cap = TRAIN_PARTS[key]
         if overrides is VLLM_COLOCATE and no_vllm:
             return budget.skip(key, cap, no_vllm)
-        stage = {"args": [*shared["qwen3.5-4b"], *overrides], "workdir": str(workdir / key), "toy": toy}
+        stage = {"args": [*shared["qwen3.5-4b"], *EVERY_ROW, *overrides], "workdir": str(workdir / key), "toy": toy}
         stage["pixels"] = pixels["qwen3.5-4b"]
         shutil.rmtree(workdir / key, ignore_errors=True)  # one step each time, never a resume of the last check
         step[key] = budget.run(key, cap, lambda cap: run_part(script, "train", stage, cap)) or None
@@ -376,6 +387,7 @@ def main() -> None:
     step: dict[str, Any] = {}
     evaluation("qwen3.5-4b", "hf")  # the parts in the order of the docstring: the most wanted first
     train("train_hf")
+    train("train_hf_trl_pass")
     train("train_vllm")
     evaluation("qwen3.5-4b", "vllm")
     train("train_hf_per_copy")

@@ -224,8 +224,8 @@ def largest_peak(step: dict[str, Any]) -> float | None:
 
 
 def step_entries(step: dict[str, Any], labels: dict[str, str], budget: Budget) -> list[dict[str, Any]]:
-    """Memory per phase of each variant of the seed step (`labels`: part name -> label), then what sharing the copies
-    and vLLM change against the shared HF step (`train_hf`), as table rows."""
+    """Memory per phase of each variant of the seed step (`labels`: part name -> label), then what TRL's training
+    pass, sharing the copies and vLLM change against the shared HF step (`train_hf`), as table rows."""
     rows = []
     for key, label in labels.items():
         for phase in STEP_PHASES:
@@ -236,7 +236,10 @@ def step_entries(step: dict[str, Any], labels: dict[str, str], budget: Budget) -
             measured, runs = figures["peak_gib"][phase], figures["phase_calls"][phase]
             rows.append(entry(part, figure, measured, figures["plan_gib"][phase], memory_note(measured, runs)))
     sharing, vllm = "vision sharing (issue 27), seed step", "vLLM colocate vs HF generation, seed step"
+    packed = "training pass, seed step"
     for key, part, figure, read, note in (
+        ("train_hf_trl_pass", packed, "s/step, TRL's pass / packed", lambda f: f["s_per_step"], "TRL's step_time"),
+        ("train_hf_trl_pass", packed, "train peak GiB, TRL's pass / packed", lambda f: f["peak_gib"]["train"], ""),
         ("train_hf_per_copy", sharing, "s/step, every copy / shared", lambda f: f["s_per_step"], "TRL's step_time"),
         ("train_hf_per_copy", sharing, "peak GiB, every copy / shared", largest_peak, "largest phase peak"),
         ("train_vllm", vllm, "s/step, vLLM / HF", lambda f: f["s_per_step"], "TRL's step_time"),

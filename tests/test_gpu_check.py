@@ -58,13 +58,15 @@ def test_the_dry_run_writes_every_part_to_one_json_and_one_table(tmp_path: Path)
 
     # Every part is there: each step variant's three phases, the comparisons, both evaluation backends.
     figures = {(e["part"], e["figure"]) for e in entries}
-    for label in ("HF generation, copies shared", "vLLM colocate", "HF generation, every copy encoded and prefilled"):
+    labels = ("HF generation, copies shared", "vLLM colocate", "HF generation, every copy encoded and prefilled")
+    for label in (*labels, "HF generation, TRL's training pass (each row its prompt, padded)"):
         assert {(f"memory, seed step, {label}", f"{phase} peak GiB") for phase in PHASES} <= figures
     for backend in ("hf", "vllm"):
         assert ("GeoQA evaluation, qwen3.5-4b, " + backend, "samples/s vs the seed's") in figures
     assert ("memory, GeoQA evaluation, qwen3.5-4b, hf", "evaluation peak GiB") in figures
     assert ("vLLM colocate vs HF generation, seed step", "s/step, vLLM / HF") in figures
     assert ("vision sharing (issue 27), seed step", "s/step, every copy / shared") in figures
+    assert ("training pass, seed step", "s/step, TRL's pass / packed") in figures
 
     # A part without figures says why, in its entries and in the parts record; here the vLLM parts are skipped.
     for e in entries:
@@ -79,20 +81,22 @@ def test_the_dry_run_writes_every_part_to_one_json_and_one_table(tmp_path: Path)
     if importlib.util.find_spec("vllm") is None:
         assert "vllm is not importable" in vllm_reason
     assert all(
-        result["parts"][key]["skipped"] is None for key in ("eval_hf:qwen3.5-4b", "train_hf", "train_hf_per_copy")
+        result["parts"][key]["skipped"] is None
+        for key in ("eval_hf:qwen3.5-4b", "train_hf", "train_hf_trl_pass", "train_hf_per_copy")
     )
 
     # No GPU: memory is the plan's figure only, never a measured one; each phase hook ran once (one micro-batch).
     memory = [e for e in entries if e["part"].startswith("memory") and e["reference"] is not None]
-    assert len(memory) == 2 * len(PHASES) + 1
+    assert len(memory) == 3 * len(PHASES) + 1
     assert all(e["measured"] is None and e["reference"] > 0 and "no GPU" in e["note"] for e in memory)
     step = result["seed_step"]
-    for key in ("train_hf", "train_hf_per_copy"):
+    for key in ("train_hf", "train_hf_trl_pass", "train_hf_per_copy"):
         assert step[key]["phase_calls"] == dict.fromkeys(PHASES, 1)
         plan = step[key]["plan_gib"]
         assert plan["train"] > plan["optimizer"] > 0  # the model states are part of the training phase
     # Sharing the copies shrinks the plan's generation phase: the overrides reached the plan.
     assert step["train_hf_per_copy"]["plan_gib"]["generation"] > step["train_hf"]["plan_gib"]["generation"]
+    assert step["train_hf_trl_pass"]["plan_gib"]["train"] > step["train_hf"]["plan_gib"]["train"]  # and TRL's pass
 
     # What it reports is what the evaluation wrote and what the training runs logged, read back here on their own.
     evaluation = result["evaluation"]["qwen3.5-4b"]["hf"]
@@ -120,7 +124,7 @@ def test_a_part_with_no_time_left_is_skipped_with_the_reason() -> None:
 
     assert budget.run("train_hf", 60, never) == {}
     assert budget.reason("train_hf").endswith("s left of the time budget")
-    for key in ("train_hf_per_copy", "train_vllm"):
+    for key in ("train_hf_trl_pass", "train_hf_per_copy", "train_vllm"):
         budget.skip(key, 60, "not wanted here")
     (row,) = [e for e in gpu_check_parts.step_entries({}, {"train_hf": "x"}, budget) if e["figure"] == "train peak GiB"]
     assert row["measured"] is None and row["note"].startswith("skipped (train_hf): ")
