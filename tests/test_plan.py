@@ -152,3 +152,26 @@ def test_a_plan_within_the_gpu_or_with_the_check_off_passes(monkeypatch) -> None
     _fake_gpu(monkeypatch, 16)
     args = _recipe("recipes/geoqa/qwen3_5_4b_lora.yaml", "--memory_plan_check", "false")
     assert plan_check.check_before_training(*args).total() > 16 * GiB
+
+
+def _parts(recipe: str, *overrides: str) -> dict[str, float]:
+    from vision_grpo.plan.check import recipe_plan
+
+    plan, _ = recipe_plan(["--config", recipe, *overrides])
+    return {part.name.split(" (")[0]: part.bytes for part in plan.parts}
+
+
+def test_the_packed_pass_is_planned_from_its_tokens_and_the_decode_cache_once_per_prompt(monkeypatch) -> None:
+    """GeoQA, Qwen3-VL-4B: 8 rows of 1,217 prompt + 1,024 completion tokens on TRL's pass; one packed row of the
+    prompt and 8 x (1 + 279) tokens; its 64 rows' prompt cache held once per prompt (8) while decoding."""
+    monkeypatch.chdir(REPO)
+    recipe = "recipes/geoqa/qwen3_vl_4b_lora.yaml"
+    packed, per_copy = _parts(recipe), _parts(recipe, "--share_prompt_in_training", "false")
+    activations = "activations"
+    assert packed[activations] / per_copy[activations] == pytest.approx((1217 + 8 * 280) / (8 * (1217 + 1024)))
+    longer = _parts(recipe, "--expected_completion_length", "1024")
+    assert longer[activations] / packed[activations] == pytest.approx((1217 + 8 * 1025) / (1217 + 8 * 280))
+    assert "packed rows' block mask" in packed and "packed rows' block mask" not in per_copy
+    copies = _parts(recipe, "--share_decode_cache", "false")
+    assert copies["generation cache, prompts"] == pytest.approx(8 * packed["generation cache, prompts"])
+    assert "decode: one layer's prompt cache expanded to its rows" not in copies

@@ -30,6 +30,9 @@ def test_the_pixel_ceiling_is_the_datas_decode_limit() -> None:
         (["--image_pixels", "1" + "0" * 12], "image_pixels must be at most 64,000,000"),
         (["--images_per_prompt", "0"], "argument --images_per_prompt: images_per_prompt must be at least 1"),
         (["--prompt_text_tokens", "-1"], "argument --prompt_text_tokens: prompt_text_tokens must be at least 0"),
+        (["--expected_completion_length", "0"], "expected_completion_length must be at least 1, got 0"),
+        (["--dead_group_share", "1"], "--dead_group_share: a fraction of at least 0 and below 1, got '1'"),
+        (["--dead_group_share", "a third"], "--dead_group_share: a fraction of at least 0 and below 1, got 'a third'"),
     ],
 )
 def test_a_plan_flag_out_of_range_is_refused_naming_it(flags: list[str], message: str, capsys) -> None:

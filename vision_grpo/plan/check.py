@@ -74,13 +74,13 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
 
 
 def _share(text: str) -> float:
-    """A fraction between 0 and 1 (a plan flag), refused naming the flag otherwise."""
+    """The share of groups left out of the training pass: a fraction of at least 0 and below 1."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not 0.0 <= value < 1.0:
-        raise RecipeError(f"--dead_group_share: a fraction of at least 0 and below 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--dead_group_share: a fraction of at least 0 and below 1, got {text!r}")
     return value
 
 

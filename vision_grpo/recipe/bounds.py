@@ -29,6 +29,7 @@ LOWER_BOUNDS = {
     "image_pixels": 1,
     "images_per_prompt": 1,
     "prompt_text_tokens": 0,
+    "expected_completion_length": 1,
     "rank_stall_timeout": 0,
     "reward_timeout": 0,
 }
