@@ -123,6 +123,18 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
     assert evaluation["batching_speedup"] == pytest.approx(evaluation["base batch 8"]["samples_per_s"] / base)
     scaling = json.loads((tmp_path / "memory_scaling.json").read_text())
     assert len(scaling["train"]) >= 2 and scaling["evaluator"]["peak_rss_mib"] > 100
+    packed = json.loads((tmp_path / "training_pass.json").read_text())
+    assert packed["tokens_per_signal"]["new"] < packed["tokens_per_signal"]["before"]
+    assert packed["max_log_prob_difference"] <= 1e-5 and packed["max_weight_difference"] <= 1e-5
+    for line in (
+        "training tokens computed per token with signal: new ",
+        "training pass time before / new: ",
+        "step time before / new: ",
+        "peak memory before / new: ",
+        "max |log-prob difference|: ",
+        "Qwen3.5: training pass before / new: ",
+    ):
+        assert f"\n{line}" in process.stdout, line
     summary = process.stdout.split("=== summary", 1)[1]
     for figure in ("ours / bare TRL", "batched / one at a time", "peak RSS, evaluator", "dataset preparation"):
         assert figure in summary

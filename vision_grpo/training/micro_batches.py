@@ -36,6 +36,7 @@ SEQUENCE_WIDE = ("mm_token_type_ids", "token_type_ids")
 ROWS_NORMALISED = frozenset({"grpo", "sapo", "luspo", "dr_grpo"})
 TOKENS_NORMALISED = frozenset({"bnpo"})
 BATCH_NORMALISED = frozenset({"dapo", "cispo", "vespo"})
+KNOWN_NORMALISERS = ROWS_NORMALISED | TOKENS_NORMALISED | BATCH_NORMALISED
 LOSS_SCALE = "loss_scale"  # the key a micro-batch carries its normaliser correction in
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vision_grpo.models.shared_prompt import CannotPack, find_groups, pack, unpack
-from vision_grpo.training.micro_batches import LOSS_SCALE, micro_batches, plan
+from vision_grpo.training.micro_batches import KNOWN_NORMALISERS, LOSS_SCALE, micro_batches, plan
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,16 @@ class GroupedTrainingPass:
     def configure_training_pass(self, share_prompt: bool, balance: bool, skip: bool) -> None:
         self.share_prompt_in_training = share_prompt
         self.packing_refused: str | None = None
-        self.balance_micro_batches = balance
-        self.skip_zero_advantage = skip and self._rows_without_gradient_can_be_left_out()
+        known = self.loss_type in KNOWN_NORMALISERS
+        if (balance or skip) and not known:
+            logger.warning(
+                "balance_micro_batches and skip_zero_advantage off: loss_type %r normalises in a way they do not "
+                "know (known: %s); TRL's micro-batches",
+                self.loss_type,
+                ", ".join(sorted(KNOWN_NORMALISERS)),
+            )
+        self.balance_micro_batches = balance and known
+        self.skip_zero_advantage = skip and known and self._rows_without_gradient_can_be_left_out()
         self.empty_runs_nothing = self.accelerator.num_processes == 1 and not self.is_deepspeed_enabled
         self._positions_computed = 0
 
