@@ -25,6 +25,8 @@ of the medians. Printed:
 - training pass: TRL's `step_time` (its `training_step`s: micro-batch forming, forwards, backwards);
 - step: the training step's wall time plus one HF generation of the batch (the same on both paths, measured once
   in its own process: all rows decoded to the 1,024-token limit, which the rows at the limit force);
+- decoding with each prompt's keys and values held once (`share_decode_cache`) against a copy per row: the time of
+  128 decoded tokens, alternating, medians (the memory it saves: tests/test_shared_prefill.py and the plan);
 - peak memory: the training process's peak resident memory above what it held before training;
 - max |log-prob difference| over the batch's completion tokens, and max |weight difference| after 3 steps.
 """
@@ -52,7 +54,9 @@ FAMILIES = {
 }
 MAIN = "Qwen2.5-VL"
 FULL = {"side": 1008, "groups": 5, "dead": 2, "mean": 279, "limit": 1024, "at_limit": 2, "text": 250, "steps": 3}
+FULL["decode"] = 128
 QUICK = {"side": 112, "groups": 2, "dead": 1, "mean": 12, "limit": 24, "at_limit": 1, "text": 20, "steps": 3}
+QUICK["decode"] = 8
 G = 8
 WIDTH, DEPTH = 16, 4
 TRL_PASS = {"share_prompt_in_training": False, "balance_micro_batches": False, "skip_zero_advantage": False}
@@ -255,8 +259,10 @@ def log_prob_difference(family: str, sizes: dict[str, int]) -> float:
         return float(((results[0] - results[1]) * batch["completion_mask"]).abs().max())
 
 
-def generation_s(family: str, sizes: dict[str, int]) -> float:
-    """One HF generation of the batch's prompts to the completion limit, as the trainer installs it."""
+def generations(family: str, sizes: dict[str, int]) -> dict[str, Any]:
+    """HF generation of the batch's prompts as the trainer installs it: once to the completion limit; then, for the
+    decode cache, `decode` tokens with each prompt's keys and values held once and with a copy per row, alternating,
+    twice each (the same prefill, the same samples: the time is the layers' expansion of the prompt part)."""
     from vision_grpo.models.shared_prefill import share_prefill
     from vision_grpo.models.shared_vision import share_vision_tower
 
@@ -264,20 +270,28 @@ def generation_s(family: str, sizes: dict[str, int]) -> float:
         trainer, batch = trainer_for(family, "new", sizes, Path(tmp))
     model = trainer.model.eval()
     share_vision_tower(model)
-    share_prefill(model)
     inputs = {"input_ids": batch["prompt_ids"], "attention_mask": batch["prompt_mask"]}
     inputs.update({k: batch[k] for k in ("pixel_values", "image_grid_thw")})
     inputs["mm_token_type_ids"] = batch["mm_token_type_ids"][:, : batch["prompt_ids"].shape[1]]
-    start = time.perf_counter()
-    with torch.no_grad():
-        model.generate(**inputs, max_new_tokens=sizes["limit"], min_new_tokens=sizes["limit"], do_sample=True)
-    return time.perf_counter() - start
+
+    def timed(tokens: int, once: bool) -> float:
+        share_prefill(model, share_cache=once)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True)
+        return time.perf_counter() - start
+
+    decode: dict[str, list[float]] = {"once": [], "copied": []}
+    for _ in range(2):
+        for once in (True, False):
+            decode["once" if once else "copied"].append(timed(sizes["decode"], once))
+    return {"generation_s": timed(sizes["limit"], True), "decode_s": decode}
 
 
 def child(args: argparse.Namespace) -> None:
     sizes = QUICK if args.quick else FULL
     if args.part == "generation":
-        print(json.dumps({"generation_s": generation_s(args.family, sizes)}))
+        print(json.dumps(generations(args.family, sizes)))
     elif args.part == "logps":
         print(json.dumps({"max_log_prob_difference": log_prob_difference(args.family, sizes)}))
     else:
@@ -327,7 +341,9 @@ def main() -> None:
         if family != MAIN:
             for path in ("before", "new"):
                 runs.setdefault((family, path), []).append(run_child(family, path, args.quick))
-    generation = run_child(MAIN, "generation", args.quick)["generation_s"]
+    generated = run_child(MAIN, "generation", args.quick)
+    generation = generated["generation_s"]
+    decode_ratio = statistics.median(generated["decode_s"]["once"]) / statistics.median(generated["decode_s"]["copied"])
     log_probs = run_child(MAIN, "logps", args.quick)["max_log_prob_difference"]
 
     def median(family: str, path: str, key: str) -> float:
@@ -350,6 +366,7 @@ def main() -> None:
         "pass_ratio": ratio(MAIN, "pass_s"),
         "step_ratio": step_before / step_new,
         "generation_s": generation,
+        "decode_time_ratio": decode_ratio,
         "peak_memory_ratio": ratio(MAIN, "peak_mib"),
         "max_log_prob_difference": log_probs,
         "max_weight_difference": weights,
@@ -364,6 +381,7 @@ def main() -> None:
     print(f"max |log-prob difference|: {log_probs:.3g}; max |weight difference after 3 steps|: {weights:.3g}")
     for family, value in figures["family_pass_ratio"].items():
         print(f"{family}: training pass before / new: {value:.2f}x")
+    print(f"generation in the step: {generation:.1f} s; decoding, prompt cache once / copied: {decode_ratio:.2f}x")
     report("training_pass", figures, args.json)
 
 

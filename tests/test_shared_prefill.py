@@ -95,6 +95,23 @@ def test_the_decode_cache_holds_each_prompt_once_and_samples_the_same(name: str)
     assert shared_elements < copied_elements / 2
 
 
+@pytest.mark.parametrize("rows", [[0, 0, 0, 1, 1, 1], [0, 1, 0, 1, 1, 0]])
+def test_a_shared_prefix_layer_gives_each_row_its_prompt_then_its_own_tokens(rows: list[int]) -> None:
+    """Runs of consecutive copies (TRL's layout, one broadcast copy) and rows in any order (a gather) alike."""
+    keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    layer = shared_prefill.SharedPrefixLayer(keys, values, torch.tensor(rows))
+    assert layer.copies == (3 if rows == sorted(rows) else 0)
+    for step in range(2):
+        new_keys, new_values = torch.randn(6, 3, 1, 4), torch.randn(6, 3, 1, 4)
+        got_keys, got_values = layer.update(new_keys, new_values)
+        assert layer.get_seq_length() == 5 + step + 1
+    assert torch.equal(got_keys[:, :, :5], keys[rows]) and torch.equal(got_values[:, :, :5], values[rows])
+    assert torch.equal(got_keys[:, :, -1:], new_keys) and torch.equal(got_values[:, :, -1:], new_values)
+    layer.batch_select_indices(torch.tensor([5, 0]))
+    assert layer.rows.tolist() == [rows[5], rows[0]] and layer.copies == 0
+    assert torch.equal(layer.update(new_keys[:2], new_values[:2])[0][:, :, :5], keys[[rows[5], rows[0]]])
+
+
 def test_rows_count_as_copies_only_next_to_each_other_and_bit_identical() -> None:
     ids = torch.tensor([[5, 6], [5, 6], [5, 6], [5, 7], [5, 6]])
     pixels = torch.rand(5 * 4, 3)

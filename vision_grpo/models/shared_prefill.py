@@ -124,16 +124,38 @@ class SharedPrefixLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor) -> None:
         super().__init__()
-        self.prefix_keys, self.prefix_values, self.rows = keys, values, rows
+        self.prefix_keys, self.prefix_values = keys, values
+        self._set_rows(rows)
         self.lazy_initialization(keys[:0], values[:0])
         self.keys = keys.new_empty(len(rows), keys.shape[1], 0, keys.shape[3])
         self.values = values.new_empty(len(rows), values.shape[1], 0, values.shape[3])
 
+    def _set_rows(self, rows: torch.Tensor) -> None:
+        """`copies`: G where the rows are the prompts' runs of G consecutive copies (TRL's layout), so that a prompt
+        part is written to its rows by one broadcast copy; 0 otherwise (a gather, then a copy)."""
+        self.rows = rows
+        prompts = self.prefix_keys.shape[0]
+        copies = len(rows) // prompts if len(rows) % prompts == 0 else 0
+        runs = torch.arange(prompts, device=rows.device).repeat_interleave(copies) if copies else None
+        self.copies = copies if runs is not None and torch.equal(rows, runs) else 0
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
-        keys = torch.cat([self.prefix_keys[self.rows], self.keys], dim=-2)  # this layer's, freed after it attends
-        return keys, torch.cat([self.prefix_values[self.rows], self.values], dim=-2)
+        return self._expanded(self.prefix_keys, self.keys), self._expanded(self.prefix_values, self.values)
+
+    def _expanded(self, prefix: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        """This layer's keys or values for its rows (freed once it has attended): about the copy a row-per-copy
+        cache makes at every step when it appends."""
+        rows, heads, decoded, width = own.shape
+        length = prefix.shape[-2]
+        out = own.new_empty(rows, heads, length + decoded, width)
+        out[:, :, length:] = own
+        if self.copies:
+            out.view(-1, self.copies, heads, length + decoded, width)[:, :, :, :length] = prefix[:, None]
+        else:
+            out[:, :, :length] = prefix[self.rows]
+        return out
 
     def get_seq_length(self) -> int:
         return self.prefix_keys.shape[-2] + self.keys.shape[-2]
@@ -144,11 +166,12 @@ class SharedPrefixLayer(DynamicLayer):
         super().crop(tokens_to_remove)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self.rows = self.rows.repeat_interleave(repeats)
+        self._set_rows(self.rows.repeat_interleave(repeats))
         self.keys, self.values = (t.repeat_interleave(repeats, dim=0) for t in (self.keys, self.values))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.rows, self.keys, self.values = self.rows[indices], self.keys[indices], self.values[indices]
+        self._set_rows(self.rows[indices])
+        self.keys, self.values = self.keys[indices], self.values[indices]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
