@@ -88,20 +88,33 @@ class BaseTaskArguments:
     )
     share_decode_cache: bool = field(
         default=True,
-        metadata={"help": "HF generation: each prompt's keys and values once while decoding; false: a copy per row."},
+        metadata={
+            "help": "Decode cache: each prompt once. HF generation keeps each prompt's keys and values once while "
+            "decoding; false: a copy per row."
+        },
     )
-    # The training pass (vision_grpo/training/training_pass.py): each key turns one saving off.
+    # The training pass (vision_grpo/training/training_pass.py): each key turns one saving off. The first sentence
+    # of each help is what `--help` shows: short, so that the list stays short.
     share_prompt_in_training: bool = field(
         default=True,
-        metadata={"help": "Each prompt once per group in the training forward; false: TRL's per-copy rows."},
+        metadata={
+            "help": "Each prompt once per group. The training forward packs a group's completions after its prompt; "
+            "false: TRL's per-copy rows."
+        },
     )
     balance_micro_batches: bool = field(
         default=True,
-        metadata={"help": "Micro-batches of whole groups, token-balanced, cut to their lengths; false: TRL's split."},
+        metadata={
+            "help": "Micro-batches of whole groups. Token-balanced, cut to their own lengths; false: TRL's shuffled "
+            "equal split."
+        },
     )
     skip_zero_advantage: bool = field(
         default=True,
-        metadata={"help": "Rows of advantage 0 skip forward and backward (update unchanged); false: all rows run."},
+        metadata={
+            "help": "Rows of advantage 0 skip. No forward or backward for them, the update unchanged; false: all "
+            "rows run."
+        },
     )
     # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
     sft_targets: list[str] = field(
