@@ -81,6 +81,7 @@ def train(run: RecipeRun) -> Path:
         share_prompt_in_training=task_args.share_prompt_in_training,
         balance_micro_batches=task_args.balance_micro_batches,
         skip_zero_advantage=task_args.skip_zero_advantage,
+        dynamic_sampling_rounds=task_args.dynamic_sampling_rounds,
         skip_reward_faults=task_args.reward_faults == "skip",
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop

@@ -175,3 +175,16 @@ def test_the_packed_pass_is_planned_from_its_tokens_and_the_decode_cache_once_pe
     copies = _parts(recipe, "--share_decode_cache", "false")
     assert copies["generation cache, prompts"] == pytest.approx(8 * packed["generation cache, prompts"])
     assert "decode: one layer's prompt cache expanded to its rows" not in copies
+
+
+def test_dynamic_sampling_is_planned_per_generate_call_and_its_extra_generation_estimated(monkeypatch) -> None:
+    from vision_grpo.plan.check import recipe_plan
+
+    monkeypatch.chdir(REPO)
+    recipe = ["--config", "recipes/geoqa/qwen3_5_4b_lora.yaml", "--dead_group_share", "0.33"]
+    plain, _ = recipe_plan(recipe)
+    sampled, _ = recipe_plan([*recipe, "--dynamic_sampling_rounds", "3"])
+    assert [(p.name, p.bytes) for p in sampled.parts] == [(p.name, p.bytes) for p in plain.parts]
+    assert plain.notes == [] and len(sampled.notes) == 1
+    # 0.33 missing, then 0.33 of those, then 0.33 of those: 0.33 + 0.109 + 0.036 of a batch
+    assert "47% more groups generated on average, in 3 call(s) at most" in sampled.notes[0]

@@ -312,4 +312,13 @@ def build_plan(
                 "steps_per_generation",
             )
         )
+    rounds = task_args.dynamic_sampling_rounds
+    if rounds:
+        extra = mf.expected_extra_groups(dead_group_share, rounds)
+        plan.notes.append(
+            f"dynamic sampling: up to {rounds} more generate calls a step, each no larger than the first (the "
+            f"memory above is per call); with {dead_group_share:.0%} of groups without signal (--dead_group_share), "
+            f"{extra:.0%} more groups generated on average, in {rounds} call(s) at most: that much more generation "
+            "time where a call's time follows its groups (vLLM), less where it follows its longest completion (HF)"
+        )
     return plan

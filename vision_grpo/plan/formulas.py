@@ -350,3 +350,10 @@ def head_bytes(shape: ModelShape, scored_tokens: int, lm_head_trains: bool) -> t
     tile = min(scored_tokens, HEAD_TILE_TOKENS) * min(HEAD_TILE_VOCAB, shape.vocab) * BF16
     backward = scored_tokens * shape.hidden * FP32 + (shape.vocab * shape.hidden * FP32 if lm_head_trains else 0)
     return kept, tile + backward
+
+
+def expected_extra_groups(dead_share: float, rounds: int) -> float:
+    """Dynamic sampling's expected extra groups per step, as a share of the generation batch's: round k generates the
+    M_k groups still missing and finds each with signal at 1 - d, so E[M_k+1] = d E[M_k] from E[M_0] = d, summed over
+    k = 0 .. `rounds` - 1 (one process; on several, each round generates the most any rank misses: a little more)."""
+    return dead_share * (1 - dead_share**rounds) / (1 - dead_share)

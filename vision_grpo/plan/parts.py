@@ -36,6 +36,7 @@ class Plan:
     sizes: str
     parts: list[Part] = field(default_factory=list)
     vllm_share: float = 0.0  # vllm_gpu_memory_utilization of colocated vLLM: a share of whatever card it runs on
+    notes: list[str] = field(default_factory=list)  # printed after the parts: what the plan knows beyond memory
 
     def in_phase(self, part: Part, phase: str) -> bool:
         return (
@@ -78,6 +79,7 @@ class Plan:
         out.append(f"  {f'peak ({self.peak_phase()} phase)':<44} {self.total() / GiB:7.2f} GiB  phases: {totals} GiB")
         if self.vllm_share:
             out.append(f"  + colocated vLLM: vllm_gpu_memory_utilization {self.vllm_share} of the card")
+        out += [f"  {note}" for note in self.notes]
         for card in CARDS_GIB:
             verdict = "fits" if self.fits(card * GiB) else f"does not fit: change `{self.first_key(card * GiB)}` first"
             out.append(f"  {card:>3} GiB card: {self.total(card * GiB) / GiB:6.2f} GiB, {verdict}")

@@ -116,6 +116,13 @@ class BaseTaskArguments:
             "rows run."
         },
     )
+    dynamic_sampling_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "Dynamic sampling rounds (0: off). Groups whose rewards are all equal are replaced by groups "
+            "with signal from up to this many further generation rounds of new prompts; docs/training.md."
+        },
+    )
     # Supervised warm start (recipes/sft.py): answer forms, `{count}` replaced by the count, drawn with weights.
     sft_targets: list[str] = field(
         default_factory=lambda: ["{count}.", "I count {count} of them, so the answer is \\boxed{{count}}."],

@@ -32,6 +32,7 @@ LOWER_BOUNDS = {
     "expected_completion_length": 1,
     "rank_stall_timeout": 0,
     "reward_timeout": 0,
+    "dynamic_sampling_rounds": 0,
 }
 UPPER_BOUNDS = {"min_pixels": PIXEL_CEILING, "max_pixels": PIXEL_CEILING, "image_pixels": PIXEL_CEILING}
 ABOVE_ZERO = ("temperature",)  # sampling divides the logits by it

@@ -176,6 +176,8 @@ class RecipeRun:
                 num_train_epochs=self.training_args.num_train_epochs,
                 # reward_faults: skip, in this launch (SFT has no rewards)
                 skipped_completions=getattr(trainer, "skipped_completions", None),
+                # dynamic_sampling_rounds: prompts drawn beyond the plain schedule, in this launch
+                extra_prompts=getattr(trainer, "extra_prompts", None),
                 # skip_bad_rows: training rows whose image did not decode when read, replaced by the next row
                 rows_skipped_when_read=found_when_read(trainer.train_dataset),
             )

@@ -1,7 +1,9 @@
 """TRL's GRPOTrainer with what vision-language GRPO needs on top, as small named overrides: vision special tokens
 never sampled, vLLM prompts in the form the engine expects (with the logprob-gap guard), each distinct image encoded
-and each distinct prompt prefilled once (vision_grpo/models/shared_vision.py, shared_prefill.py), the vision tower's
-own learning rate, and a data order that survives a resume across epochs.
+and each distinct prompt prefilled and cached once (vision_grpo/models/shared_vision.py, shared_prefill.py), a
+training pass that forwards each prompt once per group, without padding or rows that carry no gradient
+(training_pass.py), generation batches filled with groups that have a signal (dynamic_sampling.py), the vision
+tower's own learning rate, and a data order that survives a resume across epochs.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from vision_grpo.models.vision import is_vision_parameter, vision_special_token_
 from vision_grpo.plugins.rewards import RewardPluginError
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
+from vision_grpo.training.dynamic_sampling import DynamicSampling
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.training_pass import GroupedTrainingPass
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
 
 
-class VisionGRPOTrainer(GroupedTrainingPass, GRPOTrainer):
+class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
     """TRL's GRPOTrainer; with `vision_lr_scale` the vision tower's parameters get their own learning rate,
     generation never samples a vision special token, and the training pass pays only for signal
     (vision_grpo/training/training_pass.py).
@@ -47,6 +50,7 @@ class VisionGRPOTrainer(GroupedTrainingPass, GRPOTrainer):
         share_prompt_in_training: bool = True,
         balance_micro_batches: bool = True,
         skip_zero_advantage: bool = True,
+        dynamic_sampling_rounds: int = 0,
         skip_reward_faults: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -55,6 +59,7 @@ class VisionGRPOTrainer(GroupedTrainingPass, GRPOTrainer):
         self.skipped_completions = 0  # over all processes, in this launch (the manifest records it)
         super().__init__(*args, **kwargs)
         self.configure_training_pass(share_prompt_in_training, balance_micro_batches, skip_zero_advantage)
+        self.configure_dynamic_sampling(dynamic_sampling_rounds)
         if share_prompt_copies:  # after super(): PEFT's adapters are in place, so "frozen" means frozen
             zero3 = getattr(self.accelerator.state.deepspeed_plugin, "zero_stage", 0) == 3
             shared = share_vision_tower(self.model, reuse_across_passes=not zero3)
