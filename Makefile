@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm demo experiment-perception bench lint clean
+.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling bench lint clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,11 @@ demo: install
 # its section joins results/demo/report.md, its compute curve is results/demo/perception_curve.png.
 experiment-perception: install
 	$(PY) -m vision_grpo.demo --experiments perception
+
+# Experiment 4 (docs/demo.md): GRPO with and without dynamic sampling from Experiment 3's warm start (its runs reused
+# when finished), held-out accuracy against compute; its section joins results/demo/report.md.
+experiment-dynamic-sampling: install
+	$(PY) -m vision_grpo.demo --experiments dynamic
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vision_grpo.demo.curve import compute_curve, curve_table, plot_curve
+from vision_grpo.demo.curve import compute_curve, curve_table, equal_compute_test, plot_curve
 from vision_grpo.demo.experiments import DEMO_EXPERIMENTS, EXPERIMENTS, QUICK_EVAL, Experiment
 from vision_grpo.demo.plot import plot
 from vision_grpo.demo.report import report
@@ -145,8 +145,9 @@ def _curve(
 ) -> str:
     """The compute curve's evaluations, PNG and the report's table of it."""
     with clock.stage(f"{experiment.title}: held-out accuracy of every checkpoint against compute"):
-        curves = compute_curve(experiment, runs, models, results, QUICK_EVAL if args.quick else [])
+        curves, records = compute_curve(experiment, runs, models, results, QUICK_EVAL if args.quick else [])
         png = results / f"{experiment.results_prefix}curve.png"
         plot_curve(experiment, curves, models[0].greedy["summary"]["n"], png)
     caption = f"Held-out strict accuracy against compute, both arms from the warm start ({png.name}):"
-    return f"{caption}\n\n{curve_table(curves)}"
+    test = f"\n\n{equal_compute_test(curves, records)}" if experiment.variant is not None else ""
+    return f"{caption}\n\n{curve_table(curves)}{test}"

@@ -13,10 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from vision_grpo.demo.experiments import Experiment
-from vision_grpo.demo.stages import GRPO_PASSES, SFT_PASSES, Evaluated, Runs, evaluate, tokens_at
+from vision_grpo.demo.stages import GRPO_PASSES, SFT_PASSES, Evaluated, Runs, evaluate, measured_passes, tokens_at
+from vision_grpo.evaluation.statistics import mcnemar_exact
 
-# The arms on the curve (result names in `Runs`) and the passes each makes over a token.
-ARMS = {"grpo": GRPO_PASSES, "sft_control": SFT_PASSES}
+# The arms on the curve (result names in `Runs`) and the passes each makes over a token (None: as measured).
+ARMS = {"grpo": GRPO_PASSES, "sft_control": SFT_PASSES, "grpo_variant": None}
+
+
+def token_passes(experiment: Experiment, name: str, run_dir: Path, step: int) -> int:
+    """An arm's compute up to `step`: with a second GRPO arm both GRPO arms as measured (`measured_passes`: the
+    tokens generated in every round, the positions the training pass computed), else `ARMS`' passes per token."""
+    if experiment.variant is not None or ARMS[name] is None:
+        return measured_passes(run_dir, step)
+    return ARMS[name] * tokens_at(run_dir, step)
 
 
 def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -28,10 +37,11 @@ def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 
 def compute_curve(
     experiment: Experiment, runs: Runs, models: list[Evaluated], results_dir: Path, extra: list[str]
-) -> dict[str, list[dict[str, Any]]]:
-    """Per arm, the warm start then every checkpoint: step, token-passes and strict held-out accuracy."""
+) -> tuple[dict[str, list[dict[str, Any]]], dict[tuple[str, int], list[dict[str, Any]]]]:
+    """Per arm, the warm start then every checkpoint: step, token-passes and strict held-out accuracy; and each
+    checkpoint's per-image records, by (arm label, step)."""
     warm = models[0].greedy["summary"]["accuracy"]
-    curves = {}
+    curves, records = {}, {}
     for run_dir, name, label, _ in runs:
         if name not in ARMS:
             continue
@@ -39,11 +49,32 @@ def compute_curve(
         for step, model in checkpoints(run_dir):
             result_name = f"{experiment.results_prefix}curve_{name}_step{step}"
             result = evaluate(model, experiment.grpo_recipe, result_name, results_dir, extra, "none")
-            passes = ARMS[name] * tokens_at(run_dir, step)
+            passes = token_passes(experiment, name, run_dir, step)
             points.append({"step": step, "token_passes": passes, "accuracy": result["summary"]["accuracy"]})
+            records[label, step] = result["records"]
         curves[label] = points
     (results_dir / f"{experiment.results_prefix}curve.json").write_text(json.dumps(curves, indent=1) + "\n")
-    return curves
+    return curves, records
+
+
+def equal_compute_test(
+    curves: dict[str, list[dict[str, Any]]], records: dict[tuple[str, int], list[dict[str, Any]]]
+) -> str:
+    """McNemar's test of the first arm's last checkpoint against the second arm's checkpoint with the most compute
+    not above it (so the second arm never has more compute than the first)."""
+    (first, points), (second, other) = list(curves.items())[:2]
+    end = points[-1]
+    within = [p for p in other[1:] if p["token_passes"] <= end["token_passes"]]
+    if not within:
+        return f"No checkpoint of '{second}' has as little compute as '{first}' at its end: no test at equal compute."
+    match = within[-1]
+    test = mcnemar_exact(records[first, end["step"]], records[second, match["step"]])
+    return (
+        f"At equal compute, McNemar exact test on strict accuracy: '{first}' at step {end['step']} "
+        f"({end['token_passes'] / 1e6:.2f} M token-passes, {100 * end['accuracy']:.1f}%) against '{second}' at step "
+        f"{match['step']} ({match['token_passes'] / 1e6:.2f} M, {100 * match['accuracy']:.1f}%): {test['b']} images "
+        f"right only with the first, {test['c']} only with the second, p = {test['p_value']:.3g}."
+    )
 
 
 def curve_table(curves: dict[str, list[dict[str, Any]]]) -> str:
@@ -70,7 +101,12 @@ def plot_curve(experiment: Experiment, curves: dict[str, list[dict[str, Any]]], 
         xs = [p["token_passes"] / 1e6 for p in points]
         axis.plot(xs, [p["accuracy"] for p in points], marker="o", label=label)
     axis.set(title=f"{experiment.title}\nheld-out images (n = {n}), greedy, strict", ylim=(0, 1.02))
-    axis.set(xlabel=f"training after the warm start (M token-passes: GRPO {GRPO_PASSES}, SFT {SFT_PASSES} per token)")
+    passes = (
+        "M token-passes: tokens generated + 3 x positions trained"
+        if experiment.variant is not None
+        else f"M token-passes: GRPO {GRPO_PASSES}, SFT {SFT_PASSES} per token"
+    )
+    axis.set(xlabel=f"training after the warm start ({passes})")
     axis.set(ylabel="strict accuracy")
     axis.yaxis.set_major_formatter(PercentFormatter(1.0))
     axis.grid(alpha=0.3)

@@ -40,6 +40,8 @@ QUICK_EVAL = ["--shapes_eval_size", "24"]
 
 # Checkpoints of each arm on the compute curve (the GRPO recipe's save_steps gives its own; the control's follow).
 CURVE_POINTS = 6
+# A second GRPO arm's checkpoints: dense, so that one lies close to the first arm's compute (its McNemar test).
+VARIANT_POINTS = 12
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Experiment:
     grpo_recipe: str = GRPO_RECIPE
     # Held-out accuracy of GRPO's and the control's checkpoints against their token-passes (demo/curve.py).
     compute_curve: bool = False
+    # A second GRPO arm from the same warm start, in place of the SFT control: its label and its recipe flags.
+    variant: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def focus_count(self) -> int | None:
@@ -84,8 +88,22 @@ EXPERIMENTS = (
         grpo_recipe="recipes/shapes/tiny_grpo_perception.yaml",
         compute_curve=True,
     ),
+    # Experiment 3's warm start and GRPO (reused when finished), and GRPO with dynamic sampling beside it: does
+    # filling each batch with groups that have a signal pay, per unit of compute? (docs/demo.md, Experiment 4)
+    Experiment(
+        "dynamic",
+        "Experiment 4: dynamic sampling, per unit of compute",
+        "recipes/shapes/tiny_sft_perception.yaml",
+        "-perception",
+        "dynamic_",
+        False,
+        grpo_recipe="recipes/shapes/tiny_grpo_perception.yaml",
+        compute_curve=True,
+        variant=("GRPO + dynamic sampling", ("--dynamic_sampling_rounds", "3")),
+    ),
 )
 
 
-# `make demo`'s experiments; `make experiment-perception` runs the third (`--experiments perception`).
+# `make demo`'s experiments; `make experiment-perception` runs the third (`--experiments perception`),
+# `make experiment-dynamic-sampling` the fourth.
 DEMO_EXPERIMENTS = ("format", "biased")

@@ -24,8 +24,9 @@ def _count_row(count: str, model: Evaluated) -> str:
     return f"{_pct(greedy)} · {_pct(pass_1)} · {_pct(pass_k)}"
 
 
-def _rows(models: list[Evaluated]) -> list[tuple[str, list[str]]]:
-    """The table's rows: name and one cell per model, all read from the result files."""
+def _rows(models: list[Evaluated], passes: str) -> list[tuple[str, list[str]]]:
+    """The table's rows: name and one cell per model, all read from the result files; `passes` says how the
+    token-passes were counted."""
     greedy = [m.greedy["summary"] for m in models]
     sampled = [m.sampled["summary"] for m in models]
     blank = [m.blank["summary"] for m in models]
@@ -47,7 +48,7 @@ def _rows(models: list[Evaluated]) -> list[tuple[str, list[str]]]:
         *[(f"reward part `{k}`", [f"{s['rewards'][k]:.3f}" for s in greedy]) for k in greedy[0]["rewards"]],
         (f"pass@1 (one sample at temperature {temperature:g})", [_pct(s["pass_at_1"]) for s in sampled]),
         (f"pass@{PASS_K} (some of {PASS_K} samples right)", [_pct(s["pass_at_k"]) for s in sampled]),
-        ("training after the warm start (token-passes: GRPO 4, SFT 3 per token)", [m.training for m in models]),
+        (f"training after the warm start (token-passes: {passes})", [m.training for m in models]),
         ("-- honesty checks --", ["" for _ in models]),
         ("distinct greedy outputs across the images", [_distinct(s) for s in greedy]),
         ("strict accuracy with a blank image", [_pct(s["accuracy"]) for s in blank]),
@@ -72,7 +73,8 @@ def report(experiment: Experiment, models: list[Evaluated]) -> tuple[str, dict[s
     """One experiment's table, McNemar's tests and headline facts, computed from the result files' records."""
     lines = [f"## {experiment.title}", "", "| | " + " | ".join(m.label for m in models) + " |"]
     lines.append("|---" * (len(models) + 1) + "|")
-    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in _rows(models)]
+    passes = "generated tokens + 3 x positions trained" if experiment.variant else "GRPO 4, SFT 3 per token"
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in _rows(models, passes)]
     warm, grpo, *control = models
     pairs = [(warm, grpo)]
     if control:  # GRPO against the control, and whether the control moved off its warm start at all

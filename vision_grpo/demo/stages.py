@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from vision_grpo.demo.experiments import (
     CURVE_POINTS,
     EVAL_BATCH,
@@ -25,6 +27,7 @@ from vision_grpo.demo.experiments import (
     QUICK_GRPO,
     QUICK_SFT,
     REPO,
+    VARIANT_POINTS,
     Experiment,
 )
 from vision_grpo.evaluation.evaluate import main as evaluate_main
@@ -123,16 +126,33 @@ def tokens_at(run_dir: Path, step: int) -> int:
     return round(logged[-1].value * step / logged[-1].step)
 
 
+# GRPO's training forward and backward (two passes) over each token position the training pass computed.
+TRAINING_PASSES = 3
+
+
+def measured_passes(run_dir: Path, step: int) -> int:
+    """GRPO's token-passes up to `step`, as measured: every generated token once (TRL's `num_tokens`, every round's
+    sequences included) and every token position of the training pass three times (the logged
+    `training_pass/positions_computed`: a step's mean over each logging window, times the window's steps). Rows left
+    out of the training pass cost nothing here, where `GRPO_PASSES` x tokens counts every generated token trained."""
+    logged = [p for p in run_scalars(run_dir).Scalars("train/training_pass/positions_computed") if p.step <= step]
+    if not logged or logged[-1].step != step:
+        raise SystemExit(f"{run_dir}: no train/training_pass/positions_computed logged at step {step}; --fresh")
+    windows = zip([0] + [p.step for p in logged[:-1]], logged, strict=True)
+    positions = sum(point.value * (point.step - before) for before, point in windows)
+    return tokens_at(run_dir, step) + round(TRAINING_PASSES * positions)
+
+
 def trained(run_dir: Path) -> tuple[int, int]:
     """(steps, tokens) of a finished run: the manifest's last step and the tokens TRL counted up to it."""
     steps = json.loads((run_dir / "manifest.json").read_text())["global_step"]
     return steps, tokens_at(run_dir, steps)
 
 
-def curve_checkpoints(steps: int) -> list[str]:
-    """Training options that save about CURVE_POINTS checkpoints over `steps` (kept, for the compute curve)."""
-    every = max(1, math.ceil(steps / CURVE_POINTS))
-    return ["--save_strategy", "steps", "--save_steps", str(every), "--save_total_limit", str(CURVE_POINTS + 1)]
+def curve_checkpoints(steps: int, points: int = CURVE_POINTS) -> list[str]:
+    """Training options that save about `points` checkpoints over `steps` (kept, for the compute curve)."""
+    every = max(1, math.ceil(steps / points))
+    return ["--save_strategy", "steps", "--save_steps", str(every), "--save_total_limit", str(points + 1)]
 
 
 def control_steps(warm_run: Path, grpo_run: Path) -> int:
@@ -173,9 +193,11 @@ def evaluate_all(
     return Evaluated(label, greedy, blank, shuffled, sample(model, recipe, name, results_dir, extra), training)
 
 
-def _trained_for(run_dir: Path, passes: int) -> str:
+def _trained_for(run_dir: Path, passes: int | None) -> str:
+    """Steps and token-passes: `passes` per generated token, or (None) as measured (`measured_passes`)."""
     steps, tokens = trained(run_dir)
-    return f"{steps} steps, {passes * tokens / 1e6:.2f} M token-passes"
+    total = measured_passes(run_dir, steps) if passes is None else passes * tokens
+    return f"{steps} steps, {total / 1e6:.2f} M token-passes"
 
 
 Runs = list[tuple[Path, str, str, str]]  # (run folder, result name, column label, training) of each model
@@ -200,10 +222,26 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
         grpo_run = run_stage(
             "recipes/train.py", experiment.grpo_recipe, runs_dir, run_name, grpo_extra, args.fresh, log("grpo")
         )
+    measured = experiment.variant is not None  # two GRPO arms: their token-passes as measured
     runs = [
         (warm_run, "warm_start", "warm start", "–"),
-        (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run, GRPO_PASSES)),
+        (grpo_run, "grpo", "after GRPO", _trained_for(grpo_run, None if measured else GRPO_PASSES)),
     ]
+    if experiment.variant is not None:
+        label, flags = experiment.variant
+        with clock.stage(f"{experiment.title}: {label}, from the same warm start"):
+            steps = 2 if args.quick else yaml.safe_load((REPO / experiment.grpo_recipe).read_text())["max_steps"]
+            variant_extra = [*grpo_extra, *flags, *curve_checkpoints(steps, VARIANT_POINTS)]
+            variant_run = run_stage(
+                "recipes/train.py",
+                experiment.grpo_recipe,
+                runs_dir,
+                f"{run_name}-{experiment.key}",
+                variant_extra,
+                args.fresh,
+                log(experiment.key),
+            )
+        runs.append((variant_run, "grpo_variant", label, _trained_for(variant_run, None)))
     if experiment.sft_control:
         with clock.stage(
             f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's compute"
