@@ -64,3 +64,17 @@ def test_trl_prompt_form_is_stopped_by_the_guard(replica, tmp_path) -> None:
     for cause in ("prompt form", "pixel limits", "chat template", "weight sync"):
         assert cause in output
     assert logged(output, GAP_KEY)[0] > THRESHOLD
+
+
+def test_dynamic_sampling_generates_its_rounds_in_the_engine(replica, tmp_path) -> None:
+    """Groups whose rewards are all equal replaced by further rounds generated in the colocated engine: every step
+    trains on groups with signal (or says it could not), and the guard stays green."""
+    reward = ["--reward_dirs", "tests_vllm/rewards", "--reward_funcs", "some_signal", "--reward_weights", "1.0"]
+    args = [*TRAIN, *reward, "--dynamic_sampling_rounds", "3", "--output_dir", str(tmp_path), "--run_name", "dynamic"]
+    process = check(run_python(args))
+    output = process.stdout + process.stderr
+    rounds, kept = logged(output, "dynamic_sampling/rounds"), logged(output, "dynamic_sampling/groups_kept")
+    degenerate = logged(output, "degenerate_fraction")
+    assert len(rounds) == len(kept) == len(degenerate) == 2 and max(rounds) > 1
+    assert all((d == 0) == (k == max(kept)) for d, k in zip(degenerate, kept, strict=True))
+    assert all(gap < THRESHOLD for gap in logged(output, GAP_KEY))
