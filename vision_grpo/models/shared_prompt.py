@@ -76,6 +76,14 @@ def _ones_then_zeros(mask: torch.Tensor) -> torch.Tensor:
     return counts
 
 
+def _image_starts(num_images: list[int] | None, rows: int) -> list[int]:
+    """Where each row's images start among the batch's (row i's are `starts[i]:starts[i + 1]`)."""
+    starts = [0]
+    for count in num_images or [0] * rows:
+        starts.append(starts[-1] + count)
+    return starts
+
+
 def find_groups(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -91,9 +99,7 @@ def find_groups(
     if min(prompt_len) < 2:
         raise CannotPack("a prompt of fewer than two tokens")
     image_of_slot = distinct_images(pixel_values, image_grid_thw).inverse if image_grid_thw is not None else []
-    starts = [0]
-    for count in num_images or [0] * prompt_ids.shape[0]:
-        starts.append(starts[-1] + count)
+    starts = _image_starts(num_images, prompt_ids.shape[0])
     if image_grid_thw is not None and starts[-1] != image_grid_thw.shape[0]:
         raise CannotPack("num_images does not add up to the images")
     keys: dict[tuple, int] = {}
@@ -173,9 +179,7 @@ def pack(
     positions = prompt_ids.new_zeros(3, rows, length)
     segment = torch.full((rows, length), -1, dtype=torch.long, device=device)
     shift_labels = torch.full((rows, length), -100, dtype=torch.long, device=device)
-    starts = [0]
-    for count in num_images or [0] * prompt_ids.shape[0]:
-        starts.append(starts[-1] + count)
+    starts = _image_starts(num_images, prompt_ids.shape[0])
     image_rows: list[int] = []
     source: list[torch.Tensor] = []
     target: list[torch.Tensor] = []
