@@ -230,7 +230,8 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
     if experiment.variant is not None:
         label, flags = experiment.variant
         with clock.stage(f"{experiment.title}: {label}, from the same warm start"):
-            steps = 2 if args.quick else yaml.safe_load((REPO / experiment.grpo_recipe).read_text())["max_steps"]
+            recipe = yaml.safe_load((REPO / experiment.grpo_recipe).read_text())
+            steps = int(quick_grpo[quick_grpo.index("--max_steps") + 1]) if args.quick else recipe["max_steps"]
             variant_extra = [*grpo_extra, *flags, *curve_checkpoints(steps, VARIANT_POINTS)]
             variant_run = run_stage(
                 "recipes/train.py",

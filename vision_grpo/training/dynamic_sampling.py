@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
-from vision_grpo.training.micro_batches import PROMPT_WIDE, SEQUENCE_WIDE
+from vision_grpo.training.micro_batches import layout
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +60,16 @@ def _widened(key: str, batch: dict[str, Any], rows: list[int], prompt: int, comp
     value = batch[key]
     if not isinstance(value, torch.Tensor):
         return [value[r] for r in rows]
-    value = value[rows]
     width, own_completion = batch["prompt_ids"].shape[1], batch["completion_ids"].shape[1]
+    kind = layout(key, value, own_completion)
+    value = value[rows]
     fill = pad if key in ("prompt_ids", "completion_ids") else 0
-    if key in PROMPT_WIDE:
+    if kind == "prompt":
         return torch.nn.functional.pad(value, (prompt - width, 0), value=fill)
-    if key in SEQUENCE_WIDE:
+    if kind == "sequence":
         front = torch.nn.functional.pad(value[:, :width], (prompt - width, 0), value=fill)
         return torch.cat([front, torch.nn.functional.pad(value[:, width:], (0, completion - own_completion))], 1)
-    if value.dim() > 1 and value.shape[1] == own_completion:
+    if kind == "completion":
         return torch.nn.functional.pad(value, (0, completion - own_completion), value=fill)
     return value
 
@@ -104,9 +105,11 @@ class DynamicSampling:
             missing -= len(found)
         if missing:  # the groups without signal that no round replaced stay (their rows skip the training pass)
             kept.append((batch, group_rows([g for g, ok in enumerate(live) if not ok][:missing], group)))
-        joined = join_rows(kept, self.processing_class.tokenizer.pad_token_id) if rounds else batch
-        joined["num_items_in_batch"] = self.accelerator.gather(joined["completion_mask"].sum()).sum()
         self._log_rounds(rounds, len(live), generated, len(live) - missing)
+        if not rounds:  # nothing joined: TRL's batch as it came
+            return batch
+        joined = join_rows(kept, self.processing_class.tokenizer.pad_token_id)
+        joined["num_items_in_batch"] = self.accelerator.gather(joined["completion_mask"].sum()).sum()
         return joined
 
     def _most(self, count: int) -> int:

@@ -30,7 +30,7 @@ from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_b
 from vision_grpo.models.shared_prompt import Groups
 
 # Keys TRL lays out over the prompt, and over prompt + completion; any other tensor as wide as the completion is
-# per completion token.
+# per completion token (`layout`).
 PROMPT_WIDE = ("prompt_ids", "prompt_mask")
 SEQUENCE_WIDE = ("mm_token_type_ids", "token_type_ids")
 ROWS_NORMALISED = frozenset({"grpo", "sapo", "luspo", "dr_grpo"})
@@ -50,8 +50,11 @@ class Plan:
     spare: list[int]  # rows in no micro-batch (left out)
     groups: int
     degenerate_groups: int
-    rows_skipped: int
     signal_positions: int  # prompt tokens of groups that train + completion tokens of rows that train
+
+    @property
+    def rows_skipped(self) -> int:
+        return len(self.spare)
 
 
 def plan(groups: Groups, advantages: torch.Tensor, count: int, balance: bool, skip: bool, shared_prompt: bool) -> Plan:
@@ -69,7 +72,7 @@ def plan(groups: Groups, advantages: torch.Tensor, count: int, balance: bool, sk
         had = [permutation[i * size : (i + 1) * size] for i in range(count)]
     rows = [[r for r in mb if trains[r]] for mb in had]
     spare = [r for r in range(len(trains)) if not trains[r]]
-    return Plan(rows, had, spare, len(groups.rows), sum(not rows for rows in live), len(spare), signal)
+    return Plan(rows, had, spare, len(groups.rows), sum(not rows for rows in live), signal)
 
 
 def _balanced(groups: Groups, trains: list[bool], count: int, shared_prompt: bool) -> list[list[int]]:
@@ -111,6 +114,16 @@ def padded(chosen: Plan, rows_each: list[int]) -> tuple[list[list[int]], list[se
     return out, zeroed
 
 
+def layout(key: str, value: torch.Tensor, completion_width: int) -> str:
+    """How a per-row tensor of TRL's generation batch is laid out: over the `prompt` (left-padded), the `sequence`
+    (prompt + completion), the `completion` (right-padded), or one value per `row`."""
+    if key in PROMPT_WIDE:
+        return "prompt"
+    if key in SEQUENCE_WIDE:
+        return "sequence"
+    return "completion" if value.dim() > 1 and value.shape[1] == completion_width else "row"
+
+
 def take(batch: dict[str, Any], rows: list[int], cut: bool, zeroed: set[int] = frozenset()) -> dict[str, Any]:
     """The micro-batch of `rows` (a list, possibly empty), cut to its own longest prompt and completion if `cut`,
     with the advantage of the positions in `zeroed` set to 0. `batch` has its pixel values split per row (TRL's
@@ -125,12 +138,13 @@ def take(batch: dict[str, Any], rows: list[int], cut: bool, zeroed: set[int] = f
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == total:
+            kind = layout(key, value, completion_width)
             value = value[index]
-            if key in PROMPT_WIDE:
+            if kind == "prompt":
                 value = value[:, width - keep_prompt :]
-            elif key in SEQUENCE_WIDE:
+            elif kind == "sequence":
                 value = value[:, width - keep_prompt : width + keep_completion]
-            elif value.dim() > 1 and value.shape[1] == completion_width:
+            elif kind == "completion":
                 value = value[:, :keep_completion]
         elif isinstance(value, list) and len(value) == total:
             value = [value[r] for r in rows]
