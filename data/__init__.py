@@ -9,6 +9,7 @@ dataset with `Dataset.map`, so no image is re-normalised at every training step.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from typing import Any
@@ -34,6 +35,58 @@ def report_unused(split: str, reason: str, count: int) -> None:
 def unused_rows() -> dict[str, dict[str, int]]:
     """The counts `report_unused` collected for each split loaded in this process, for the run's manifest."""
     return {split: dict(reasons) for split, reasons in _UNUSED.items()}
+
+
+def _image_key(value: Any) -> tuple[str, ...]:
+    """An encoded image cell (one image or a list) by content: its bytes' digest, or its path when it has no bytes."""
+    cells = value if isinstance(value, list) else [value]
+    return tuple(
+        hashlib.blake2b(cell["bytes"], digest_size=16).hexdigest()
+        if isinstance(cell, dict) and cell.get("bytes")
+        else str(cell.get("path") if isinstance(cell, dict) else cell)
+        for cell in cells
+    )
+
+
+def warn_split_overlap(
+    train: datasets.Dataset, evaluation: datasets.Dataset, id_column: str | None, question: str, image: str, where: str
+) -> tuple[int, int]:
+    """Warn when evaluation rows share their id, or their question and image, with training rows: evaluation would
+    score rows the model was trained on. Reads the raw columns (Arrow, nothing decoded) and hashes only the images of
+    rows whose question text appears in both splits. Returns (shared ids, shared question-and-image pairs)."""
+    train_raw, eval_raw = train.with_format("arrow"), evaluation.with_format("arrow")
+    shared_ids: list[str] = []
+    if id_column:
+        train_ids = {str(value) for value in train_raw[id_column].to_pylist()}
+        shared_ids = [str(value) for value in eval_raw[id_column].to_pylist() if str(value) in train_ids]
+    by_question: dict[str, list[int]] = {}
+    for index, text in enumerate(train_raw[question].to_pylist()):
+        by_question.setdefault(str(text), []).append(index)
+    eval_questions = [str(text) for text in eval_raw[question].to_pylist()]
+    candidates = [index for index, text in enumerate(eval_questions) if text in by_question]
+    train_images, eval_images = train_raw[image], eval_raw[image]
+    eval_ids = eval_raw[id_column].to_pylist() if id_column else list(range(len(eval_questions)))
+    shared_pairs = [
+        str(eval_ids[index])
+        for index in candidates
+        if _image_key(eval_images[index].as_py())
+        in {_image_key(train_images[other].as_py()) for other in by_question[eval_questions[index]]}
+    ]
+    for count, what, examples in (
+        (len(shared_ids), "share their id with a training row", shared_ids),
+        (len(shared_pairs), "share their question and image with a training row", shared_pairs),
+    ):
+        if count:
+            logger.warning(
+                "%s: %d of %d evaluation row(s) %s (e.g. ids %s): evaluation scores rows the model may have been "
+                "trained on; remove them from one split",
+                where,
+                count,
+                len(eval_questions),
+                what,
+                ", ".join(map(repr, examples[:5])),
+            )
+    return len(shared_ids), len(shared_pairs)
 
 
 def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:

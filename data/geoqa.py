@@ -24,7 +24,7 @@ import datasets
 import pyarrow.compute as pc
 from PIL import Image, UnidentifiedImageError
 
-from vision_grpo.data import hub, prepared, report_unused
+from vision_grpo.data import hub, prepared, report_unused, warn_split_overlap
 from vision_grpo.data.prompts_and_images import (
     ImageTooLarge,
     RowRefused,
@@ -39,6 +39,8 @@ HUB_DATASET = "hz2475/geoQA"
 COLUMNS = ("id", "subject", "choices", "label", "formal_point", "answer", "comment", "original_split", "image")
 # The columns we read; `formal_point`, `answer` (the worked solution, never shown to the model) and `comment` may
 # be absent from a local copy.
+# What makes two rows the same question for the overlap warning: the id, then the question text with the diagram.
+OVERLAP = ("id", "subject", "image")
 REQUIRED_COLUMNS = ("id", "subject", "choices", "label", "original_split", "image")
 TEST_ROWS = 759
 SUBSET_SEED = 42
@@ -244,11 +246,16 @@ def load_split(
         subset = _check_columns(_read_parquet([str(prepared / SUBSET_FILE)]), source)
         if len(subset) != SUBSET_SIZE:
             raise GeoQADataError(f"{prepared / SUBSET_FILE}: {len(subset)} rows, expected {SUBSET_SIZE}")
+        warn_split_overlap(train_rows(_read_parquet([str(prepared / TRAIN_FILE)])), subset, *OVERLAP, source)
         return subset
     dataset = load_source(source, revision)
     for reason, count in log_unused_rows(dataset, source).items():
         report_unused(split, reason, count)
-    return train_rows(dataset) if split == "train" else fixed_test_subset(dataset, expected_test_rows)
+    if split == "train":
+        return train_rows(dataset)
+    subset = fixed_test_subset(dataset, expected_test_rows)
+    warn_split_overlap(train_rows(dataset), subset, *OVERLAP, source)
+    return subset
 
 
 def open_image(value: Any) -> Image.Image:

@@ -29,11 +29,11 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from vision_grpo.data import hub, prepared, prompts_and_images, report_unused
+from vision_grpo.data import hub, prepared, prompts_and_images, report_unused, warn_split_overlap
 from vision_grpo.data.prepared import ERROR, SIZES
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards import vqa as vqa_rewards
-from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, is_correct, predicted
+from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, exact_form, is_correct, predicted, read_number
 
 logger = logging.getLogger(__name__)
 
@@ -226,15 +226,21 @@ def _answer(row: dict[str, Any], task_args: Any) -> str:
         raise VQADataError(f"answer {raw!r} is neither an option letter, an index nor {options}")
     if kind == "number":
         try:
-            float(str(raw).replace(",", ""))
-        except ValueError:
-            raise VQADataError(f"answer {raw!r} is not a number") from None
+            return read_number(str(raw))
+        except ValueError as error:
+            raise VQADataError(f"answer {raw!r} {error} (docs/datasets.md: number answers)") from None
     if kind == "math" and not as_math(str(raw)):
         raise VQADataError(f"answer {raw!r} cannot be read as mathematics by math_verify")
-    return str(raw).strip()
+    return exact_form(str(raw)) if kind == "exact" else str(raw).strip()
 
 
 def _images(value: Any, folder: str | None) -> list[Image.Image]:
+    """The row's images, opened; a row without one (null, an empty list, a null in the list) is refused: the task
+    trains and evaluates images, and a text-only row would fail in the processor at its first step."""
+    if isinstance(value, list) and not value:
+        raise VQADataError("no image (an empty image list)")
+    if isinstance(value, list) and None in value:
+        raise VQADataError(f"no image at position {value.index(None) + 1} of its {len(value)} (null)")
     return [_open_image(each, folder) for each in (value if isinstance(value, list) else [value])]
 
 
@@ -371,6 +377,13 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
             "the model was trained on. Put `{split}` in dataset_name, or use a folder holding train.* and test.*",
             task_args.dataset_name,
         )
+    elif split == "eval" and task_args.vqa_train_split != name:
+        columns = (task_args.vqa_id_column, task_args.vqa_question_column, task_args.vqa_image_column)
+        # An evaluation-only source has no training split (or not these columns): nothing to overlap.
+        with contextlib.suppress(VQADataError, hub.HubDataUnavailable):
+            train = _read(task_args.dataset_name, task_args.dataset_revision, task_args.vqa_train_split)
+            if {column for column in columns if column} <= set(train.column_names):
+                warn_split_overlap(train, source, *columns, f"{task_args.dataset_name} ({name})")
     column = task_args.vqa_image_column
     feature = source.features[column]
     if prepared.undecoded(feature) is not feature:  # the pass reads the encoded bytes, not PIL images

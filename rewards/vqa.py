@@ -4,15 +4,18 @@ the row's `answer_type`:
 - `choice`: the seed's boxed option rule (the last box holding one option letter, `\\boxed{B}`) with the row's own
   letters (A-D for four options, A-J for ten), against the letter of the right choice;
 - `math`: mathematical equivalence through Hugging Face's `math_verify` (`\\boxed{\\sqrt{12}}` = `2\\sqrt{3}`);
-- `number`: the last `\\boxed{...}` read as a number, within the row's `tolerance` (absolute);
-- `exact`: the last `\\boxed{...}`, case and surrounding spaces ignored, equal to the answer.
+- `number`: the last `\\boxed{...}` read as a number by `read_number`, within the row's `tolerance` (absolute);
+- `exact`: the last `\\boxed{...}` equal to the answer once both are in `exact_form`, case ignored.
 
-The evaluator scores with the same functions, so the training reward and the reported accuracy are one rule.
+The task's checking pass stores each gold answer through the same `read_number` / `exact_form`, and the evaluator
+scores with these functions: what the check accepts, the reward and the reported accuracy read the same way.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
 from collections.abc import Sequence
 
 from math_verify import parse, verify
@@ -23,6 +26,41 @@ ANSWER_TYPES = ("choice", "math", "number", "exact")
 BOXED = re.compile(r"\\boxed\s*\{")
 LETTERS = "ABCDEFGHIJ"  # the most options a choice row may have
 BOXED_LETTER = re.compile(r"\\boxed\s*\{\s*([A-J])\s*\}", re.IGNORECASE)
+
+
+# What a `number` answer may hold around its digits (docs/datasets.md, "Number answers"): minus signs other than
+# ASCII's, LaTeX's `{,}` thousands separator, and one trailing unit: `%`, `\\%`, a word or `\\text{...}`.
+MINUS_SIGNS = str.maketrans(dict.fromkeys("\u2212\u2012\u2013\ufe63\uff0d", "-"))
+UNIT = re.compile(r"\s*(?:\\?%|\\(?:text|mathrm)\s*\{[^{}]*\}|[^\W\d_][^\W\d]*\.?)$")
+PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
+def read_number(text: str) -> str:
+    """The number `text` holds, as plain text (`-1234.5`), or ValueError saying why it holds none.
+
+    One rule for gold answers (the checking pass stores what this returns, refusing the row on ValueError) and for
+    completions (a box this refuses scores 0): Unicode forms folded (NFKC: full-width digits), any minus sign read as
+    `-`, one trailing unit dropped (`30%`, `12 cm`, `5\\text{ apples}` read 30, 12, 5), commas read as thousands
+    separators only between groups of three digits (`1,234,567`). Any other comma (`3,5`: a decimal comma, or a
+    list?) is ambiguous and refused, as are infinities and NaN."""
+    plain = unicodedata.normalize("NFKC", text).translate(MINUS_SIGNS).replace("{,}", ",").strip()
+    plain = UNIT.sub("", plain).strip()
+    if "," in plain:
+        if not THOUSANDS.fullmatch(plain):
+            raise ValueError("holds a comma that is not a thousands separator (1,234): write decimals with a point")
+        plain = plain.replace(",", "")
+    if not PLAIN_NUMBER.fullmatch(plain):
+        raise ValueError("is not a number")
+    if not math.isfinite(float(plain)):
+        raise ValueError("is not finite")
+    return plain
+
+
+def exact_form(text: str) -> str:
+    """`text` as `exact` answers compare it (case aside): Unicode forms folded (NFKC), every run of white space one
+    space, none around; the checking pass stores gold answers in this form."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
 
 
 def choice_letter(text: str, options: int) -> str | None:
@@ -83,10 +121,10 @@ def is_correct(text: str, answer: str, answer_type: str, tolerance: float = 0.0,
         return False
     if answer_type == "number":
         try:
-            return abs(float(boxed.replace(",", "")) - float(answer)) <= tolerance
+            return abs(float(read_number(boxed)) - float(read_number(answer))) <= tolerance
         except ValueError:
             return False
-    return boxed.casefold() == answer.strip().casefold()
+    return exact_form(boxed).casefold() == exact_form(answer).casefold()
 
 
 def _options(options: Sequence[int] | None, rows: int) -> Sequence[int]:

@@ -4,23 +4,26 @@ named and counted, and each fixture's recipe training 2 steps and evaluating thr
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 from pathlib import Path
 
+import datasets
 import pytest
 from conftest import run_script
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_dataset, warn_split_overlap
 from vision_grpo.data.task_vqa import VQADataError
 from vision_grpo.data.vqa_fixtures import write_fixtures
 from vision_grpo.plugins.tasks import task_of
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_reward_funcs
-from vision_grpo.rewards.vqa import is_correct, last_boxed
+from vision_grpo.rewards.vqa import is_correct, last_boxed, read_number
 
 MAX_PIXELS = 168 * 168
 FIXTURE_RECIPES = [
@@ -65,6 +68,12 @@ def task_args(recipe: str, fixtures: Path, *extra: str) -> TaskArguments:
         ("\\boxed{B} hmm \\boxed{A}", "A", "choice", True),
         ("\\boxed{ Blue }", "blue", "exact", True),
         ("\\boxed{blue sky}", "blue", "exact", False),
+        ("\\boxed{Blue  Sky}", "blue sky", "exact", True),  # doubled space
+        ("\\boxed{\uff42\uff4c\uff55\uff45}", "blue", "exact", True),  # full-width letters: another normal form
+        ("there are \\boxed{1,234}", "1234", "number", True),
+        ("it is \\boxed{\u22123}", "-3", "number", True),  # the Unicode minus sign
+        ("it is \\boxed{30\\%}", "30", "number", True),
+        ("it is \\boxed{3,5}", "3.5", "number", False),  # a decimal comma is ambiguous: no answer read
     ],
 )
 def test_each_answer_type_checks_the_final_answer(text: str, answer: str, kind: str, right: bool) -> None:
@@ -129,6 +138,72 @@ def test_bad_rows_are_named_or_skipped_and_counted(tmp_path: Path, caplog: pytes
     assert rows["id"] == ["good"]
     assert "VQA train: skipped 2 invalid row(s) of 3" in caplog.text
     assert "id='no-number': answer 'three' is not a number" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        ("1,234,567", "1234567"),
+        ("\u22122.5", "-2.5"),
+        ("30%", "30"),
+        ("12 cm", "12"),
+        ("5\\text{ apples}", "5"),
+        ("\uff11\uff12", "12"),
+        ("1{,}000", "1000"),
+        ("3,5", None),
+        ("1,23", None),
+        ("nan", None),
+        ("1e999", None),
+        ("three", None),
+    ],
+)
+def test_a_number_answer_is_read_by_one_documented_rule(text: str, read: str | None) -> None:
+    if read is None:
+        with pytest.raises(ValueError, match="comma that is not a thousands separator|not a number|not finite"):
+            read_number(text)
+    else:
+        assert read_number(text) == read
+
+
+def _one_file_task(tmp_path: Path, lines: list[dict], kind: str, *extra: str) -> TaskArguments:
+    folder = tmp_path / "mine"
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (40, 40), "white").save(folder / "images" / "ok.png")
+    (folder / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", str(folder / "images")]
+    return parse_recipe((TaskArguments, GRPOConfig, ModelConfig), [*argv, "--vqa_answer_type", kind, *extra])[0]
+
+
+def test_every_gold_answer_the_check_accepts_is_one_a_completion_can_match(tmp_path: Path) -> None:
+    """The pass stores each gold answer read by the scorer's own rule: `1,234` matches `\\boxed{1234}` (before, the
+    pass accepted `1,234` and the scorer could not read it: no completion could ever be right), and an ambiguous
+    `3,5` is refused naming its row instead of being trained on as 35."""
+    answers = {"sep": "1,234", "minus": "\u22123", "percent": "30%", "unit": "12 cm"}
+    boxes = {"sep": "1234", "minus": "-3", "percent": "30", "unit": "12"}
+    lines = [{"id": key, "image": "ok.png", "question": "How many?", "answer": value} for key, value in answers.items()]
+    args = _one_file_task(tmp_path, lines, "number", "--use_cpu", "true")
+    rows = get_dataset(args, "train", MAX_PIXELS)
+    task = task_of(args)
+    for row in rows:
+        assert task.score(row, f"so \\boxed{{{boxes[row['id']]}}}")["correct"], row
+    lines.append({"id": "comma", "image": "ok.png", "question": "How long?", "answer": "3,5"})
+    args = _one_file_task(tmp_path, lines, "number", "--use_cpu", "true")
+    with pytest.raises(VQADataError, match=r"id='comma': answer '3,5' holds a comma that is not a thousands sep"):
+        get_dataset(args, "train", MAX_PIXELS)
+
+
+@pytest.mark.parametrize(("image", "reason"), [([], "an empty image list"), (["ok.png", None], "position 2 of its 2")])
+def test_a_row_without_an_image_is_refused_by_the_pass_or_skipped(tmp_path: Path, image: list, reason: str) -> None:
+    """An empty image list passed the check as a text-only row and failed later in the processor."""
+    lines = [
+        {"id": "good", "image": ["ok.png"], "question": "How many?", "answer": "3"},
+        {"id": "bad", "image": image, "question": "How many?", "answer": "3"},
+    ]
+    args = _one_file_task(tmp_path, lines, "number", "--use_cpu", "true")
+    with pytest.raises(VQADataError, match=rf"VQA row id='bad': no image.*{re.escape(reason)}"):
+        get_dataset(args, "train", MAX_PIXELS)
+    args.skip_bad_rows = True
+    assert get_dataset(args, "train", MAX_PIXELS)["id"] == ["good"]
 
 
 def test_a_choice_task_without_choices_fails_before_loading() -> None:
@@ -207,3 +282,44 @@ def test_a_five_option_row_scores_its_fifth_letter_in_the_reward_and_the_evaluat
         assert reward(completions=[[{"role": "assistant", "content": text}]], **columns) == [float(right)]
         scored = task_of(args).score(row, text)
         assert (scored["correct"], scored["prediction"]) == (right, "E" if right else "D")
+
+
+def test_rows_shared_by_the_training_and_evaluation_splits_are_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shared ids, and shared (question, image) pairs under other ids, are warned about when the evaluation split
+    loads, with their counts and a few ids; images are compared by content when the cells hold bytes."""
+    folder = tmp_path / "split"
+    (folder / "images").mkdir(parents=True)
+    for colour in ("white", "black", "red"):
+        Image.new("RGB", (40, 40), colour).save(folder / "images" / f"{colour}.png")
+
+    def line(row_id: str, image: str, question: str) -> dict:
+        return {"id": row_id, "image": image, "question": question, "answer": "3"}
+
+    train = [line("t1", "white.png", "How many?"), line("t2", "black.png", "How many?"), line("t3", "red.png", "Q?")]
+    test = [line("t1", "red.png", "Other?"), line("e2", "black.png", "How many?"), line("e3", "red.png", "How many?")]
+    for name, lines in (("train", train), ("test", test)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(each) + "\n" for each in lines))
+    argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", str(folder / "images")]
+    args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), [*argv, "--vqa_answer_type", "number", "--use_cpu", "true"])[0]
+    with caplog.at_level(logging.WARNING, logger="vision_grpo.data"):
+        get_dataset(args, "eval", MAX_PIXELS)
+    assert "1 of 3 evaluation row(s) share their id with a training row (e.g. ids 't1')" in caplog.text
+    assert "1 of 3 evaluation row(s) share their question and image with a training row (e.g. ids 'e2')" in caplog.text
+
+
+def test_the_overlap_of_encoded_images_is_by_content() -> None:
+    def encoded(colour: str) -> dict:
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), colour).save(buffer, format="PNG")
+        return {"bytes": buffer.getvalue(), "path": None}
+
+    features = datasets.Features(
+        {"id": datasets.Value("string"), "q": datasets.Value("string"), "image": datasets.Image()}
+    )
+    train = datasets.Dataset.from_dict({"id": ["a"], "q": ["x"], "image": [encoded("white")]}, features=features)
+    same = datasets.Dataset.from_dict(
+        {"id": ["b", "c"], "q": ["x", "x"], "image": [encoded("white"), encoded("red")]}, features=features
+    )
+    assert warn_split_overlap(train, same, "id", "q", "image", "here") == (0, 1)
