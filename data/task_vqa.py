@@ -65,11 +65,11 @@ class Options:
     vqa_image_check: str = field(
         default="structure",
         metadata={
-            "help": "`structure`: the pass reads JPEG/PNG/WebP sizes and integrity from the file's container, a "
-            "bitstream damaged inside it fails when its row is read (under skip_bad_rows the pass decodes JPEG "
-            "bitstreams, and evaluation rows' WebP ones, to skip such rows; a training row whose WebP does not "
-            "decode is skipped when read, recorded and left out by the next pass); `decode`: the pass decodes "
-            "every image (10-60 ms a megapixel)."
+            "help": "`structure` (the pass checks each image's container) or `decode` (it decodes every image, "
+            "10-60 ms a megapixel). With `structure`, JPEG/PNG/WebP sizes and integrity are read from the file's "
+            "container, and a bitstream damaged inside it fails when its row is read (under skip_bad_rows the pass "
+            "decodes JPEG bitstreams, and evaluation rows' WebP ones, to skip such rows; a training row whose WebP "
+            "does not decode is skipped when read, recorded and left out by the next pass)."
         },
     )
 

@@ -2,7 +2,7 @@
 
     accelerate launch recipes/train.py --config recipes/shapes/tiny_cpu.yaml [--key value ...]
 
-Stages: parse the recipe -> processor -> rewards -> model -> dataset -> TRL's GRPOTrainer -> train -> save.
+Stages: parse the recipe -> processor -> rewards -> dataset -> model -> TRL's GRPOTrainer -> train -> save.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vision_grpo.run.stopping import GracefulStop
 from vision_grpo.training.holdout import HoldoutAccuracy
 from vision_grpo.training.hparams import TensorBoardHParams, recipe_hparams
 from vision_grpo.training.logprob_guard import LogprobGapGuard
-from vision_grpo.training.trainer import VisionGRPOTrainer
+from vision_grpo.training.trainer import VisionGRPOTrainer, check_prompts_per_step
 
 logger = logging.getLogger("vision_grpo.train")
 
@@ -48,14 +48,16 @@ def train(run: RecipeRun) -> Path:
     # Rewards: plugins from rewards/ (and `reward_dirs`), picked by name; loaded before the model so that a typo in
     # a reward name fails in seconds, not after a multi-GB model load.
     reward_funcs = get_recipe_rewards(task_args, processor.tokenizer)
+    # Dataset: prompts and normalised images (the multimodal collator), read before the model so that data that
+    # cannot fill one step fails in seconds; checked below against what the model consumes.
+    train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
+    check_prompts_per_step(len(train_dataset), training_args)
     model = load_model(model_args, training_args.trust_remote_code)
     peft_config = get_peft_config(model_args, task_args)
     check_lora_targets(model, peft_config)  # each entry names a layer the model has (peft checks only all at once)
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
-    # Dataset: prompts and normalised images (the multimodal collator), checked against what the model consumes.
-    train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
     checked = check_visual_tokens(
         train_dataset,
         processor,
@@ -83,6 +85,7 @@ def train(run: RecipeRun) -> Path:
         skip_zero_advantage=task_args.skip_zero_advantage,
         dynamic_sampling_rounds=task_args.dynamic_sampling_rounds,
         skip_reward_faults=task_args.reward_faults == "skip",
+        reward_outage_steps=task_args.reward_outage_steps,
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
     if task_args.holdout_eval_steps > 0:

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +36,7 @@ from vision_grpo.models.loading import load_model
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import BUILTIN_DIR, RewardPluginError, discover, get_reward_funcs
-from vision_grpo.run.recipe_run import RecipeRun
+from vision_grpo.run.recipe_run import NothingTrained, RecipeRun
 
 TINY_RECIPE = "recipes/shapes/tiny_cpu.yaml"
 MAX_PIXELS = 168 * 168  # the tiny model's processor limit
@@ -160,6 +161,16 @@ ENTRY_POINT_CASES = {
         RecipeError,
         "must name a folder inside output_dir",
     ),
+    "fewer prompts than one step": (
+        ["--shapes_train_size", "1"],
+        RecipeError,
+        r"1 training prompt\(s\), fewer than the 2 one generation batch draws \(generation_batch_size 8 / num_gen",
+    ),
+    "no epochs": (
+        ["--max_steps", "-1", "--num_train_epochs", "0"],
+        RecipeError,
+        r"max_steps -1 and num_train_epochs 0.0: no step to run",
+    ),
     "missing local model folder": (
         ["--model_name_or_path", "models/qwen/checkpoint-100"],
         FileNotFoundError,
@@ -179,6 +190,36 @@ def test_the_entry_point_refuses_bad_input_and_writes_nothing(
     with pytest.raises(error, match=message):
         train_main()([*base, *args])
     assert not (tmp_path / "runs").exists()
+
+
+def test_data_that_cannot_fill_one_step_is_refused_before_the_model_loads(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the model loaded, transformers found no full batch, stopped at step 0 and the run exited 0 with an
+    adapter that looked trained."""
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "")
+    entry = train_main()
+    loads = []
+    monkeypatch.setitem(entry.__globals__, "load_model", lambda *args, **kwargs: loads.append(args))
+    argv = ["--config", TINY_RECIPE, "--output_dir", str(tmp_path / "runs"), "--shapes_train_size", "1"]
+    with pytest.raises(RecipeError, match="fewer than the 2 one generation batch draws"):
+        entry(argv)
+    assert loads == []
+
+
+def test_a_run_that_ends_at_step_0_exits_with_an_error_and_saves_nothing(tmp_path: Path) -> None:
+    """The end of every run (GRPO and SFT): a trainer whose `train` returned without an optimizer step."""
+    argv = ["--config", TINY_RECIPE, "--output_dir", str(tmp_path), "--run_name", "idle"]
+    with RecipeRun.start(GRPOConfig, argv) as run:
+        idle = SimpleNamespace(
+            state=SimpleNamespace(global_step=0, max_steps=4),
+            add_callback=lambda callback: None,
+            train=lambda resume_from_checkpoint: None,
+            save_model=lambda folder: pytest.fail("an untrained model was saved"),
+        )
+        with pytest.raises(NothingTrained, match=r"idle: training ended at step 0, no update was made"):
+            run.train_and_save(idle, processor=None)
+    assert json.loads((tmp_path / "idle" / "manifest.json").read_text())["ended"] is None  # no end record
 
 
 def test_no_recipe_says_so_instead_of_a_bf16_error(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_script
 
 from vision_grpo.plugins.reward_faults import FaultPolicy
@@ -179,3 +180,63 @@ def test_training_with_skip_counts_the_skipped_completions_and_keeps_the_loss_fi
     steps = [entry for entry in history if "loss" in entry]
     assert len(steps) == 3 and all(math.isfinite(entry["loss"]) for entry in steps)
     assert sum(entry["rewards/skipped_completions"] for entry in steps) == returned
+
+
+OUTAGE_PLUGIN = '''
+import os
+from vision_grpo.rewards import completion_texts, reward
+
+
+@reward()
+def down_for_a_while(completions, trainer_state, **kwargs):
+    """Test only: a score that varies between completions, except at the steps listed in OUTAGE_STEPS, where every
+    call raises (a service that is down)."""
+    if str(trainer_state.global_step + 1) in os.environ["OUTAGE_STEPS"].split(","):
+        raise ConnectionError("the scoring service is down")
+    return [float(len(text) % 2) for text in completion_texts(completions)]
+'''
+
+
+@pytest.mark.slow
+def test_a_step_without_any_reward_makes_no_update_and_an_outage_stops_the_run(tmp_path: Path) -> None:
+    """`reward_faults: skip` survives a reward's outage: steps 2 and 3 lose every completion, leave the adapter as
+    step 1 left it (AdamW's moments would have moved it on zero gradients), are counted; step 4 trains again. The
+    same outage with `reward_outage_steps: 2` stops the run naming the key. Before: the first such step ended the
+    run."""
+    from safetensors.torch import load_file
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "down.py").write_text(OUTAGE_PLUGIN)
+    args = ["recipes/train.py", "--config", "recipes/shapes/tiny_cpu.yaml", "--output_dir", str(tmp_path / "runs")]
+    args += ["--reward_dirs", str(plugins), "--reward_funcs", "down_for_a_while", "--reward_weights", "1"]
+    args += ["--max_steps", "4", "--save_steps", "1", "--save_total_limit", "4", "--shapes_train_size", "16"]
+    args += ["--token_check_samples", "1", "--report_to", "none", "--reward_faults", "skip"]
+    env = {"OUTAGE_STEPS": "2,3"}
+    run_script([*args, "--run_name", "survives"], env=env)
+    run_dir = tmp_path / "runs" / "survives"
+    adapters = [load_file(run_dir / f"checkpoint-{step}" / "adapter_model.safetensors") for step in (1, 2, 3, 4)]
+
+    def same(a: dict, b: dict) -> bool:
+        return all(torch.equal(a[key], b[key]) for key in a)
+
+    assert same(adapters[0], adapters[1]) and same(adapters[0], adapters[2]) and not same(adapters[2], adapters[3])
+    assert json.loads((run_dir / "manifest.json").read_text())["skipped_steps"] == 2
+    history = json.loads((run_dir / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
+    assert [entry["rewards/skipped_step"] for entry in history if "loss" in entry] == [0.0, 1.0, 1.0, 0.0]
+    failed = run_script([*args, "--run_name", "stops", "--reward_outage_steps", "2"], env=env, check=False)
+    assert failed.returncode == 1
+    assert "2 step(s) in a row (reward_outage_steps: 2): the reward looks down" in failed.stderr
+
+
+def test_a_weighted_total_that_is_not_finite_stops_naming_the_reward() -> None:
+    """Every value finite, the weighted sum not: 3e38 twice overflows float32 (TRL's reward tensor); NaN (a skipped
+    completion) is left to the skip logic."""
+    from vision_grpo.training.trainer import refuse_infinite_totals
+
+    weights = torch.tensor([1.0, 2.0])
+    fine = torch.tensor([[1.0, 0.5], [math.nan, 1.0]])
+    refuse_infinite_totals(fine, weights, ["a", "b"])
+    overflow = torch.tensor([[1.0, 0.5], [1.0, 3e38]])
+    with pytest.raises(RewardPluginError, match=r"reward `b`: its value 3e\+38 times its weight 2 makes the weighted"):
+        refuse_infinite_totals(overflow, weights, ["a", "b"])

@@ -66,11 +66,16 @@ class BaseTaskArguments:
     reward_faults: str = field(
         default="fail",
         metadata={
-            "help": "A reward that raises, returns NaN, inf, a non-number or the wrong count, or takes longer than "
-            "`reward_timeout`: `fail` stops the step naming the reward, row and value; `skip` gives those "
-            "completions no reward and no advantage, and counts them (metric `rewards/skipped_completions`, the "
-            "manifest's `skipped_completions`)."
+            "help": "On a reward's fault, `fail` (stop naming reward, row, value) or `skip` (those completions "
+            "unscored). A fault: a reward that raises, returns NaN, inf, a non-number or the wrong count, or takes "
+            "longer than `reward_timeout`. `skip` gives those completions no reward and no advantage, and counts "
+            "them (metric `rewards/skipped_completions`, the manifest's `skipped_completions`); a step whose every "
+            "completion is skipped makes no update (metric `rewards/skipped_step`), and `reward_outage_steps` such "
+            "steps in a row stop the run."
         },
+    )
+    reward_outage_steps: int = field(
+        default=3, metadata={"help": "Steps in a row that `skip` may leave without any reward before the run stops."}
     )
     reward_timeout: float = field(
         default=REWARD_TIMEOUT, metadata={"help": "Seconds one reward call may take (0: no limit)."}

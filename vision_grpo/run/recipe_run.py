@@ -52,6 +52,10 @@ from vision_grpo.storage.writes import is_temporary_of, naming_a_full_disk
 logger = logging.getLogger(__name__)
 
 
+class NothingTrained(RuntimeError):
+    """A run that ended without one optimizer step: an exit status that is not 0 and no weights that look trained."""
+
+
 @dataclass
 class RecipeRun:
     """One run of an entry point: the parsed recipe, its run folder, the checkpoint to resume, the process's role.
@@ -162,6 +166,11 @@ class RecipeRun:
                 trainer.state.max_steps,
             )
             trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
+        if trainer.state.global_step == 0:
+            raise NothingTrained(
+                f"{self.run_dir}: training ended at step 0, no update was made (an epoch without a full batch, or a "
+                "stop before the first step); nothing saved. The run's logs stay in the folder"
+            )
         # A full disk here is named; the run has no end record yet, so the same command with
         # `--resume_from_checkpoint last` loads the last checkpoint and saves the final weights again.
         trainable = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
@@ -176,6 +185,7 @@ class RecipeRun:
                 num_train_epochs=self.training_args.num_train_epochs,
                 # reward_faults: skip, in this launch (SFT has no rewards)
                 skipped_completions=getattr(trainer, "skipped_completions", None),
+                skipped_steps=getattr(trainer, "skipped_steps", None),  # every completion skipped: no update
                 # dynamic_sampling_rounds: prompts drawn beyond the plain schedule, in this launch
                 extra_prompts=getattr(trainer, "extra_prompts", None),
                 # skip_bad_rows: training rows whose image did not decode when read, replaced by the next row

@@ -9,6 +9,7 @@ tower's own learning rate, and a data order that survives a resume across epochs
 from __future__ import annotations
 
 import shutil
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,29 @@ from vision_grpo.models.shared_prefill import share_prefill
 from vision_grpo.models.shared_vision import SharedVisionTower, share_vision_tower
 from vision_grpo.models.vision import is_vision_parameter, vision_special_token_ids
 from vision_grpo.plugins.rewards import RewardPluginError
+from vision_grpo.recipe.arguments import RecipeError
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import DiskFull, naming_a_full_disk
 from vision_grpo.training.dynamic_sampling import DynamicSampling
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.training_pass import GroupedTrainingPass
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
+
+
+def check_prompts_per_step(prompts: int, args: Any) -> None:
+    """Refuse, before the model loads, a run whose data cannot fill one generation batch: TRL's sampler keeps whole
+    batches of `generation_batch_size / num_generations` distinct prompts only, so with fewer prompts every epoch is
+    empty and transformers ends the run at step 0 with exit status 0 and an untrained adapter. With `max_steps` set,
+    transformers repeats epochs until it is reached, so one full batch is enough; without it, epochs must be > 0."""
+    needed = args.generation_batch_size // args.num_generations
+    if prompts < needed:
+        raise RecipeError(
+            f"{prompts} training prompt(s), fewer than the {needed} one generation batch draws (generation_batch_size "
+            f"{args.generation_batch_size} / num_generations {args.num_generations}): no step could run. Add training "
+            "rows, or lower per_device_train_batch_size or steps_per_generation"
+        )
+    if args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise RecipeError(f"max_steps {args.max_steps} and num_train_epochs {args.num_train_epochs}: no step to run")
 
 
 class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
@@ -52,11 +70,15 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         skip_zero_advantage: bool = True,
         dynamic_sampling_rounds: int = 0,
         skip_reward_faults: bool = False,
+        reward_outage_steps: int = 3,
         **kwargs: Any,
     ) -> None:
         self.vision_lr_scale = vision_lr_scale
         self.skip_reward_faults = skip_reward_faults
+        self.reward_outage_steps = reward_outage_steps
         self.skipped_completions = 0  # over all processes, in this launch (the manifest records it)
+        self.skipped_steps = 0  # steps whose every completion was skipped: no update (the manifest records it)
+        self.outage = 0  # such steps in a row, up to the latest generation
         super().__init__(*args, **kwargs)
         self.configure_training_pass(share_prompt_in_training, balance_micro_batches, skip_zero_advantage)
         self.configure_dynamic_sampling(dynamic_sampling_rounds)
@@ -94,8 +116,11 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         """TRL's rewards, with every reward NaN for a completion that a reward's fault skipped (`reward_faults:
         skip`): TRL leaves a completion with no reward out of its group's baseline and gives it advantage 0, where
         one reward's number beside another's skip would still move the policy. The skips are counted over all
-        processes; a step whose every completion was skipped stops the run (it would train nothing)."""
+        processes. A step whose every completion was skipped makes no update (`leave_out_during_outages`): its optimizer
+        step is left out, since AdamW's moments and weight decay would still move the weights on zero gradients;
+        `reward_outage_steps` such steps in a row stop the run."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        refuse_infinite_totals(rewards_per_func, self.reward_weights, self.reward_func_names)
         if not self.skip_reward_faults:  # a fault has already stopped the step: nothing to mask or gather
             return rewards_per_func
         rounds = {id(r): r for f in self.reward_funcs if (r := getattr(f, "reward_round", None)) is not None}
@@ -106,11 +131,19 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         count = int(mask.sum())
         self.skipped_completions += count
         self._metrics["train" if self.model.training else "eval"]["rewards/skipped_completions"].append(count)
-        if mask.all():
-            raise RewardPluginError(
-                f"a reward's faults skipped every one of this step's {mask.numel()} completions (reward_faults: "
-                "skip): the step would train nothing; the warnings above name the reward, rows and values"
+        self.outage = self.outage + 1 if mask.all() else 0
+        self._metrics["train" if self.model.training else "eval"]["rewards/skipped_step"].append(float(mask.all()))
+        if self.outage >= self.reward_outage_steps or (self.outage and self.is_deepspeed_enabled):
+            why = (
+                "DeepSpeed steps its own optimizer, so such a step cannot be left out"
+                if self.is_deepspeed_enabled
+                else f"{self.outage} step(s) in a row (reward_outage_steps: {self.reward_outage_steps})"
             )
+            raise RewardPluginError(
+                f"a reward's faults skipped every one of a step's {mask.numel()} completions (reward_faults: skip), "
+                f"{why}: the reward looks down; the warnings above name it, its rows and values"
+            )
+        self.skipped_steps += int(mask.all())
         rewards_per_func[mask] = torch.nan
         return rewards_per_func
 
@@ -120,9 +153,41 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
 
     def create_optimizer(self, model=None):
         optimizer = super().create_optimizer(model)
+        leave_out_during_outages(optimizer, self)
         if self.vision_lr_scale is not None:
             split_vision_param_group(optimizer, self.model if model is None else model, self.vision_lr_scale)
         return optimizer
+
+
+def leave_out_during_outages(optimizer: torch.optim.Optimizer, trainer: VisionGRPOTrainer) -> None:
+    """Make `optimizer.step` do nothing while the latest generation's completions were all skipped by a reward's
+    faults (`trainer.outage`); the learning-rate schedule and the step count go on. A bound method, as torch's
+    schedulers wrap `step.__func__`."""
+    original = optimizer.step
+
+    def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return None if trainer.outage else original(*args, **kwargs)
+
+    optimizer.step = types.MethodType(step, optimizer)
+
+
+def refuse_infinite_totals(rewards_per_func: torch.Tensor, weights: torch.Tensor, names: list[str]) -> None:
+    """Stop on a completion whose weighted reward total is not finite although every reward returned a finite
+    value (`1e308` with weight 2): TRL's sum would give its group NaN advantages. Names the reward whose weighted
+    value is largest on the first such completion (the step's gathered rows, in order)."""
+    weighted = rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)
+    totals = weighted.nansum(dim=1)
+    bad = (~torch.isfinite(totals)).nonzero().flatten().tolist()
+    if not bad:
+        return
+    row = bad[0]
+    column = int(weighted[row].nan_to_num(0.0, posinf=float("inf"), neginf=float("inf")).abs().argmax())
+    raise RewardPluginError(
+        f"reward `{names[column]}`: its value {rewards_per_func[row, column].item():g} times its weight "
+        f"{weights[column].item():g} makes the weighted total of completion {row} of the step "
+        f"{totals[row].item()} ({len(bad)} completion(s) so). TRL adds rewards in float32 (largest 3.4e38): scale "
+        "the reward or its weight down"
+    )
 
 
 def checkpoint_bytes(run_dir: Path, model: Any) -> int:
