@@ -22,7 +22,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,7 @@ from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.checksums import CHECKSUMS, write_checksums
 from vision_grpo.run.files import hold_lock
-from vision_grpo.run.manifest import dataset_identity, write_run_start
+from vision_grpo.run.manifest import code_identity, dataset_identity, write_run_start
 from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.run.resume import TRAINER_STATE, RunConflict, resume_checkpoint
 from vision_grpo.training.trainer import EpochSeededSampler, VisionGRPOTrainer
@@ -78,10 +80,11 @@ TINY = {
 
 
 def training_args(tmp_path: Path, run_name: str, **overrides: str) -> list[str]:
-    plugins = tmp_path / "plugins"
-    if not plugins.is_dir():
-        plugins.mkdir()
-        (plugins / "resume_probe.py").write_text(PROBE_PLUGIN)
+    # One probe file per test process: a resume check imports the run's reward plugins in this process, and one
+    # reward name may come from one file only.
+    plugins = Path(tempfile.gettempdir()) / f"resume_probe_{os.getpid()}"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "resume_probe.py").write_text(PROBE_PLUGIN)
     flags = {**TINY, "--output_dir": str(tmp_path / "runs"), "--run_name": run_name, "--reward_dirs": str(plugins)}
     flags.update({f"--{key}": value for key, value in overrides.items()})
     return [
@@ -172,6 +175,7 @@ def earlier_run(tmp_path: Path, argv: list[str]) -> Path:
     with RecipeRun.start(GRPOConfig, argv) as run:
         configs = (run.task_args, run.training_args, run.model_args)
         facts = {"dataset": dataset_identity(run.task_args), "model_weights": run.model_weights}
+        facts["code"] = code_identity(run.task_args)
         write_run_start(run.run_dir, run.recipe_path, argv, configs, **facts)
         write_checksums(make_checkpoint(run.run_dir, 2))  # as CheckpointChecksums leaves it after the save
     return run.run_dir
@@ -206,6 +210,36 @@ def test_a_resume_that_would_compute_differently_is_refused_listing_the_changes(
         assert run.resume_from == str(run_dir / "checkpoint-2")
     with RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last", "--max_steps", "50"]) as run:
         assert run.resume_from == str(run_dir / "checkpoint-2")  # more steps: the same computation, continued
+
+
+def test_a_resume_whose_reward_code_changed_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """The manifest records each reward's and the task's file by content; an edited plugin is named (before: the
+    resume went on with another reward under the same name), and `resume_allow_changes: [code]` accepts it."""
+    name = f"edited_{uuid.uuid4().hex[:8]}"
+    plugins = tmp_path / "mine"
+    plugins.mkdir()
+    source = f"from vision_grpo.rewards import reward\n\n\n@reward()\ndef {name}(completions, **kwargs):\n"
+    (plugins / "mine.py").write_text(source + "    return [1.0 for _ in completions]\n")
+    argv = training_args(tmp_path, "r")[1:] + ["--reward_dirs", str(plugins), "--reward_funcs", name]
+    argv += ["--reward_weights", "1"]
+    run_dir = earlier_run(tmp_path, argv)
+    assert set(json.loads((run_dir / "manifest.json").read_text())["code"]) == {"task shapes", f"reward {name}"}
+    resume = [*argv, "--resume_from_checkpoint", "last"]
+    with RecipeRun.start(GRPOConfig, resume):
+        pass  # the same code: accepted
+    (plugins / "mine.py").write_text(source + "    return [0.0 for _ in completions]\n")
+    with pytest.raises(RunConflict, match=rf"\(code of reward {name}: .*mine.py sha256:[0-9a-f]{{16}} then, .*now\)"):
+        RecipeRun.start(GRPOConfig, resume)
+    with RecipeRun.start(GRPOConfig, [*resume, "--resume_allow_changes", "code"]) as run:
+        assert run.resume_from == str(run_dir / "checkpoint-2")
+
+
+def test_resume_allow_changes_refuses_keys_no_resume_can_change(tmp_path: Path) -> None:
+    argv = training_args(tmp_path, "r")[1:]
+    earlier_run(tmp_path, argv)
+    changed = [*argv, "--resume_from_checkpoint", "last", "--lora_r", "16", "--resume_allow_changes", "lora_r"]
+    with pytest.raises(RunConflict, match=r"resume_allow_changes lists \['lora_r'\], which a resume can never change"):
+        RecipeRun.start(GRPOConfig, changed)
 
 
 def test_a_resume_is_checked_by_the_models_content_not_its_path(tiny_model_path: Path, tmp_path: Path) -> None:

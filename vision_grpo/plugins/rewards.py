@@ -184,6 +184,12 @@ def get_reward_funcs(
     return [_checked(registry[name], context or {}, scoring, i, policy) for i, name in enumerate(names)]
 
 
+def reward_sources(names: Sequence[str], extra_dirs: Sequence[str | Path] = ()) -> dict[str, str]:
+    """The file each reward of `names` is defined in (an unknown name is left out: loading the rewards names it)."""
+    registry, _ = _discover(extra_dirs)
+    return {name: registry[name].source for name in names if name in registry}
+
+
 def get_recipe_rewards(task_args: Any, tokenizer: Any) -> list[RewardFunc]:
     """A recipe's `reward_funcs` with the context they may ask for: one function, so that training, evaluation and
     the held-out curves score completions identically (EOS ids decide which completions were cut off)."""

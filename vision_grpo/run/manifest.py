@@ -8,6 +8,7 @@ and whether the tree was dirty, hardware, start and end time; the entry point ad
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -21,6 +22,7 @@ import torch
 import yaml
 
 from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.plugins.rewards import reward_sources
 from vision_grpo.plugins.tasks import task_of
 from vision_grpo.run.files import content_digest
 from vision_grpo.storage.writes import write_text_atomic
@@ -91,6 +93,20 @@ def dataset_identity(task_args: Any) -> dict[str, Any]:
     """Which data a run or an evaluation saw, as the recipe's task declares it (source and pinned revision, or a
     generator's settings); manifests and result files record the same."""
     return task_of(task_args).identity(task_args)
+
+
+def code_identity(task_args: Any) -> dict[str, str]:
+    """The code that decides what a run computes beyond its keys: the task's file and each reward's plugin file, by
+    content (`task shapes: <path> sha256:<first 16>`). A resume compares it (vision_grpo/run/resume.py)."""
+    task = task_of(task_args)
+    files = {f"task {task.name}": task.source}
+    names = task_args.reward_funcs or task.default_rewards
+    files |= {f"reward {name}": source for name, source in reward_sources(names, task_args.reward_dirs).items()}
+    return {
+        what: f"{source} sha256:{hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16]}"
+        for what, source in files.items()
+        if Path(source).is_file()
+    }
 
 
 def _hardware() -> dict[str, Any]:

@@ -28,6 +28,7 @@ from vision_grpo.run.checksums import CheckpointChecksums
 from vision_grpo.run.files import hold_lock
 from vision_grpo.run.manifest import (
     START_FILES,
+    code_identity,
     dataset_identity,
     model_identity,
     read_manifest,
@@ -147,6 +148,7 @@ class RecipeRun:
                 "task": self.task_args.task,
                 "trainer": type(trainer).__name__,  # which kind of run this is, known before anything is logged
                 "dataset": dataset_identity(self.task_args),
+                "code": code_identity(self.task_args),  # the task's and rewards' files: a resume compares them
                 "model_weights": self.model_weights,
                 "seed": self.training_args.seed,
                 "resumed_from": self.resume_from,  # None for a fresh start

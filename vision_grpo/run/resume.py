@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.run.checksums import checksum_fault
-from vision_grpo.run.manifest import dataset_identity, read_manifest, resolved_recipe, set_keys
+from vision_grpo.run.manifest import code_identity, dataset_identity, read_manifest, resolved_recipe, set_keys
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,13 @@ def check_resume(
     """Refuse to continue a checkpoint with settings that compute differently from its run's (its folder's
     `recipe.yaml` and manifest), unless the recipe's `resume_allow_changes` names the keys."""
     allowed = configs[0].resume_allow_changes
+    never = sorted(NEVER_ON_RESUME & set(allowed))
+    if never:
+        raise RunConflict(
+            f"cannot resume {resume_from}: resume_allow_changes lists {never}, which a resume can never change (the "
+            "checkpoint's adapter and optimizer state have the shapes those keys gave them); remove them from "
+            "resume_allow_changes, or start a new run under another --run_name"
+        )
     changes = resume_changes(Path(resume_from).parent, recipe_path, argv, configs, model_weights, allowed)
     if changes:
         raise RunConflict(
@@ -134,6 +141,13 @@ RESUME_FREE_KEYS = frozenset(
 )
 
 
+# Keys that give the checkpoint's tensors their shapes (LoRA's layers and rank, which parameters train and so what
+# the optimizer state holds): a resume that changes them cannot load the checkpoint, so no key accepts the change.
+NEVER_ON_RESUME = frozenset(
+    {"use_peft", "lora_r", "lora_target_modules", "lora_modules_to_save", "use_dora", "vision_tower"}
+)
+
+
 def _default(configs: tuple[Any, ...], key: str) -> Any:
     """The value a run got for `key` when neither its recipe nor its command line set it: the field's default."""
     for config in configs:
@@ -182,6 +196,13 @@ def resume_changes(
     for key, now_value in identities.items():
         if key in manifest and key not in allowed and manifest[key] != now_value:
             changes.append(f"{key}: {manifest[key]!r} then, {now_value!r} now")
+    if "code" in manifest and "code" not in allowed:  # the task's and rewards' files, named one by one
+        code = code_identity(configs[0])
+        changes += [
+            f"code of {what}: {manifest['code'].get(what)} then, {code.get(what)} now"
+            for what in dict.fromkeys([*manifest["code"], *code])
+            if manifest["code"].get(what) != code.get(what)
+        ]
     return changes
 
 
