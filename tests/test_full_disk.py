@@ -168,9 +168,12 @@ def test_each_library_s_words_for_a_full_disk_are_recognised(tmp_path: Path, mon
     assert not is_full_disk(OSError(errno.EACCES, "Permission denied"), tmp_path, 1000)
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_a_full_disk_during_a_checkpoint_save_is_named_and_keeps_the_previous_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, processes: int
 ) -> None:
+    """One process removes its half-written checkpoint; with several, another rank may still be writing into it:
+    it is kept and named (before: the main process removed it under the other ranks' writes)."""
     previous = tmp_path / "checkpoint-2"
     previous.mkdir()
     (previous / "adapter_model.safetensors").write_bytes(b"w" * 5000)
@@ -187,9 +190,14 @@ def test_a_full_disk_during_a_checkpoint_save_is_named_and_keeps_the_previous_on
     trainer.state = SimpleNamespace(global_step=3)
     trainer.model = torch.nn.Linear(2, 2)
     trainer.is_world_process_zero = lambda: True
+    trainer.accelerator = SimpleNamespace(num_processes=processes)
     with pytest.raises(DiskFull, match=r"to write .*/checkpoint-3: the write needed about 5.0 kB and 10 bytes is free"):
         trainer._save_checkpoint(trainer.model, None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # the half-saved one removed
+    if processes == 1:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2"]  # the half-saved one removed
+    else:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-2", "checkpoint-3"]
+        assert "checkpoint-3 is half-written and kept: another process may still be writing into it" in caplog.text
     assert (previous / "adapter_model.safetensors").read_bytes() == b"w" * 5000
 
 

@@ -358,6 +358,8 @@ def test_a_run_that_failed_before_its_first_checkpoint_leaves_a_folder_the_same_
         assert again.resume_from is None
     assert "stopped before its first checkpoint (nothing to resume): starting over in it" in caplog.text
     assert not run.run_dir.exists() or not any(run.run_dir.iterdir())
+    (aside,) = run.run_dir.parent.glob("failed.stopped-*")  # its logs and events kept, named in the log
+    assert (aside / "manifest.json").is_file() and f"are moved to {aside}" in caplog.text
 
 
 @pytest.mark.slow  # two ranks under torchrun, like every other multi-process test

@@ -243,7 +243,8 @@ def claim_run_dir(run_dir: Path, output_dir: Path, overwrite: bool) -> None:
     """A fresh run's folder must be empty: an earlier run's checkpoints and events would be mixed with this one's,
     and a later `resume_from_checkpoint last` would continue the earlier run. `overwrite` deletes them instead, but
     only from a folder that is provably one of our runs inside `output_dir` (`run_folder_fault`); a run of ours that
-    stopped before its first checkpoint has nothing to resume, and its folder is taken over. Called with the run
+    stopped before its first checkpoint has nothing to resume: its files are moved aside (`<run>.stopped-<time>`) and
+    the folder taken over. Called with the run
     folder's lock held: no other run is using it.
     """
     entries = list(run_dir.iterdir()) if run_dir.is_dir() else []
@@ -269,13 +270,15 @@ def claim_run_dir(run_dir: Path, output_dir: Path, overwrite: bool) -> None:
         logger.warning("overwrite_run: deleting the earlier run in %s (%s)", run_dir, ", ".join(held))
         shutil.rmtree(run_dir)
     elif fault is None and stopped_before_first_checkpoint(run_dir):
+        aside = run_dir.with_name(f"{run_dir.name}.stopped-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        run_dir.rename(aside)  # its logs and events may say why it stopped: kept, beside the runs TensorBoard shows
         logger.warning(
             "run folder %s holds a run that stopped before its first checkpoint (nothing to resume): starting over "
-            "in it (%s deleted)",
+            "in it; the earlier start's files (%s) are moved to %s",
             run_dir,
             ", ".join(held),
+            aside,
         )
-        shutil.rmtree(run_dir)
     else:
         shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
         raise RunConflict(

@@ -8,6 +8,7 @@ tower's own learning rate, and a data order that survives a resume across epochs
 
 from __future__ import annotations
 
+import logging
 import shutil
 import types
 from pathlib import Path
@@ -31,6 +32,8 @@ from vision_grpo.training.dynamic_sampling import DynamicSampling
 from vision_grpo.training.logprob_guard import LogprobGapGuard
 from vision_grpo.training.training_pass import GroupedTrainingPass
 from vision_grpo.training.vllm_generation import VisionVLLMGeneration
+
+logger = logging.getLogger(__name__)
 
 
 def check_prompts_per_step(prompts: int, args: Any) -> None:
@@ -99,8 +102,10 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         """The save, with a full disk named (`DiskFull`: the folder, about how much a checkpoint needs, what is
-        free) instead of torch's `unexpected pos 64 vs 0`; the half-written folder is removed, so the previous
-        checkpoint is the one `--resume_from_checkpoint last` finds, and the space it took is free again."""
+        free) instead of torch's `unexpected pos 64 vs 0`. One process: the half-written folder is removed, so the
+        space it took is free again. Several: another rank may still be writing into it (DeepSpeed's shards), so it
+        stays, named; without its `trainer_state.json` (written last), `--resume_from_checkpoint last` skips it and
+        finds the previous checkpoint either way."""
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         existed = folder.exists()
         try:
@@ -108,8 +113,14 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
                 super()._save_checkpoint(model, trial)
             crash_point(f"{folder.name} saved by the Trainer, no checksums yet")
         except DiskFull:
-            if not existed and self.is_world_process_zero():  # one remover: another rank may still be writing
+            if not existed and self.accelerator.num_processes == 1:
                 shutil.rmtree(folder, ignore_errors=True)
+            elif not existed and self.is_world_process_zero():
+                logger.warning(
+                    "%s is half-written and kept: another process may still be writing into it. Delete it once the "
+                    "run has stopped; `--resume_from_checkpoint last` skips it",
+                    folder,
+                )
             raise
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
