@@ -5,6 +5,7 @@ meta device, and the per-part formulas of vision_grpo/plan/formulas.py applied t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,9 +210,8 @@ def build_plan(
         sizes=f"{micro}, {generated} sequences generated at once, {num_processes} process(es), {zero.describe()}"
         + (f", Gated DeltaNet layers: {deltanet} ({path_from})" if "linear_attention" in shape.layer_types else ""),
     )
-    plan.parts.extend(
-        model_state_parts(counts, trainable, str(model_args.dtype), dtype_bytes, peft, num_processes, zero)
-    )
+    states = model_state_parts(counts, trainable, str(model_args.dtype), dtype_bytes, peft, num_processes, zero)
+    plan.parts.extend(dataclasses.replace(part, counted=True) for part in states)  # exact, not estimated
     if zero.stage == 3 and not training_args.use_vllm and training_args.ds3_gather_for_generation:
         # TRL's `unwrap_model_for_generation` gathers every ZeRO-3 shard for HF generation
         gathered = counts["total"] * dtype_bytes * (1 - (0 if zero.offload_param else 1) / num_processes)
