@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import datasets
@@ -22,19 +23,28 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
 # Rows of the source that the last `get_dataset` of each split did not use, by reason: tasks report them with
-# `report_unused`, the log names them, and the run's manifest records the counts.
+# `report_unused`, the log names them, the run's manifest records the counts and an evaluation's result the ids too.
 _UNUSED: dict[str, dict[str, int]] = {}
+_UNUSED_IDS: dict[str, dict[str, list[str]]] = {}
 
 
-def report_unused(split: str, reason: str, count: int) -> None:
-    """Called by a task's `load`: `count` rows of `split` not used, and why (skipped as invalid, another split, ...)."""
+def report_unused(split: str, reason: str, count: int, ids: Sequence[str] = ()) -> None:
+    """Called by a task's `load`: `count` rows of `split` not used, and why (skipped as invalid, another split, ...);
+    `ids`, where the task names the rows (those it skipped), go into an evaluation's result beside the count."""
     if count:
         _UNUSED.setdefault(split, {})[reason] = _UNUSED.get(split, {}).get(reason, 0) + count
+    if ids:
+        _UNUSED_IDS.setdefault(split, {}).setdefault(reason, []).extend(ids)
 
 
 def unused_rows() -> dict[str, dict[str, int]]:
     """The counts `report_unused` collected for each split loaded in this process, for the run's manifest."""
     return {split: dict(reasons) for split, reasons in _UNUSED.items()}
+
+
+def unused_row_ids(split: str) -> dict[str, list[str]]:
+    """The ids `report_unused` was given for `split` in this process, by reason (an evaluation's result)."""
+    return {reason: list(ids) for reason, ids in _UNUSED_IDS.get(split, {}).items()}
 
 
 def _image_key(value: Any) -> tuple[str, ...]:
@@ -94,6 +104,7 @@ def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     _UNUSED.pop(split, None)
+    _UNUSED_IDS.pop(split, None)
     dataset = task_of(task_args).load(task_args, split, max_pixels)
     if len(dataset) == 0:
         raise ValueError(f"the {task_args.task} {split} dataset is empty after filtering")

@@ -78,6 +78,8 @@ RELEASE_EVERY = 100
 MADV_PAGEOUT = 21
 # Beside a rows cache `<key>.arrow`: the rows found unreadable when read, one JSON line each ({"id", "reason"}).
 UNREADABLE = ".unreadable.jsonl"
+# A record outlives a repair of an image file in `vqa_image_folder` (those are not in the cache key): how to clear it.
+REPAIRED = "recorded in {record}: once its image is repaired, delete that file (or this id's line) to use the row again"
 
 
 class UnreadableRow(ValueError):
@@ -232,9 +234,10 @@ def checked_rows(
     usable_mask = pc.is_null(errors)
     earlier = unreadable_rows(cache)
     if earlier:  # found when read by an earlier launch: left out from now on, named and counted as bad
+        repaired = REPAIRED.format(record=cache.with_suffix(UNREADABLE))
         found = pc.and_(usable_mask, pc.is_in(table["id"], value_set=pa.array(list(earlier), pa.string())))
         for row_id in pc.filter(table["id"], found).to_pylist():
-            bad.append((str(row_id), f"{earlier[row_id]} (found when an earlier launch read the row)"))
+            bad.append((str(row_id), f"{earlier[row_id]} (found when an earlier launch read the row; {repaired})"))
         usable_mask = pc.and_(usable_mask, pc.invert(found))
     usable = pc.indices_nonzero(usable_mask)
     if SIZES in table.column_names:
@@ -500,10 +503,10 @@ class _ReplacingUnreadable:
         self.reported.add(error.row_id)
         logger.warning(
             "skipping row id=%r (skip_bad_rows), found when read: %s; the next readable row is read in its place, "
-            "the run's end record counts it (rows_skipped_when_read) and the next start's pass leaves it out (%s)",
+            "the run's end record counts it (rows_skipped_when_read) and the next start's pass leaves it out; %s",
             error.row_id,
             error.reason,
-            self.cache.with_suffix(UNREADABLE),
+            REPAIRED.format(record=self.cache.with_suffix(UNREADABLE)),
         )
         line = json.dumps({"id": error.row_id, "reason": error.reason}, ensure_ascii=False) + "\n"
         append_bytes(self.cache.with_suffix(UNREADABLE), line.encode("utf-8"))

@@ -87,7 +87,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     for _, reason in bad:
         logger.warning("skipping %s", reason)
     if bad:
-        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad))
+        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad), [row_id for row_id, _ in bad])
         logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, len(bad), len(rows))
     return prepared.decode_on_access(checked, functools.partial(_decode, max_pixels=max_pixels))
 

@@ -422,7 +422,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         logger.warning("skipping VQA row id=%r: %s", row_id, reason)
     if bad:
         logger.warning("VQA %s: skipped %d invalid row(s) of %d", name, len(bad), len(source))
-        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad))
+        report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad), [row_id for row_id, _ in bad])
     if not len(rows):
         return datasets.Dataset.from_dict({"id": []})
     _refuse_repeated_ids(rows, where)

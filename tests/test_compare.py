@@ -1,6 +1,7 @@
-"""`eval/compare.py`: McNemar's exact test, the comparison table, the grounding check, refusal of different items,
-and the command line (markdown and PNG). Result files here are built by the evaluator's own scoring and summary
-from chosen completions, so every expected number can be counted by hand.
+"""`eval/compare.py`: McNemar's exact test, the comparison table, the grounding check, refusal of different items
+and of a file given twice, the command line (markdown and PNG, an earlier comparison replaced only with
+`--overwrite`) and a chart whose run names stay readable. Result files here are built by the evaluator's own
+scoring and summary from chosen completions, so every expected number can be counted by hand.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import pytest
 from conftest import entry_point, run_script
 from hypothesis import given
 from hypothesis import strategies as st
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from vision_grpo.data import task_shapes
 from vision_grpo.evaluation.comparison import (
+    OutputExists,
     check_same_items,
     comparison_table,
     grounding_table,
@@ -175,3 +178,80 @@ def test_a_result_whose_summary_disagrees_with_its_records_is_refused_naming_the
     ):
         main([str(tmp_path / "base.json"), str(tmp_path / "edited.json"), "--output", str(tmp_path / "c.md")])
     assert not (tmp_path / "c.md").exists()
+
+
+def write_results(folder: Path) -> list[str]:
+    """BASE and TRAINED as result files `base.json` and `step100.json` in `folder`."""
+    paths = []
+    for name, result in (("base", BASE), ("step100", TRAINED)):
+        paths.append(folder / f"{name}.json")
+        paths[-1].write_text(json.dumps(result))
+    return [str(path) for path in paths]
+
+
+def test_an_earlier_comparison_is_replaced_only_with_overwrite(tmp_path: Path, monkeypatch) -> None:
+    """The chart follows `--output` (before: always `results/eval_compare.png`, so a second comparison with its own
+    `--output` replaced the first one's chart), and neither file is replaced without `--overwrite`."""
+    monkeypatch.chdir(tmp_path)
+    results = write_results(tmp_path)
+    main([*results, "--output", "first.md"])
+    main([*results, "--output", "second.md"])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".json") == [
+        "first.md",
+        "first.png",
+        "second.md",
+        "second.png",
+    ]
+    report, chart = (tmp_path / "first.md").read_bytes(), (tmp_path / "first.png").read_bytes()
+    with pytest.raises(OutputExists, match=r"^--output first.md holds an earlier comparison: pass --overwrite"):
+        main([*results, "--output", "first.md"])
+    (tmp_path / "first.md").unlink()
+    with pytest.raises(OutputExists, match=r"the chart first.png \(--output's name with .png\) holds an earlier"):
+        main([*results, "--output", "first.md"])
+    with pytest.raises(OutputExists, match=r"--plot second.png holds an earlier comparison.*another --plot"):
+        main([*results, "--output", "third.md", "--plot", "second.png"])
+    assert (tmp_path / "first.png").read_bytes() == chart and not (tmp_path / "third.md").exists()
+    main([*results, "--output", "first.md", "--overwrite"])
+    assert (tmp_path / "first.md").read_bytes() == report
+
+
+def test_a_file_of_another_kind_is_not_replaced_even_with_overwrite(tmp_path: Path) -> None:
+    results = write_results(tmp_path)
+    (tmp_path / "notes.md").write_text("# my notes\n")
+    with pytest.raises(OutputExists, match=r"notes.md exists and is not a report of eval/compare.py"):
+        main([*results, "--output", str(tmp_path / "notes.md"), "--overwrite"])
+    assert (tmp_path / "notes.md").read_text() == "# my notes\n" and not (tmp_path / "notes.png").exists()
+
+
+def test_a_result_file_given_twice_is_refused_however_it_is_spelled(tmp_path: Path) -> None:
+    """Compared with itself a run shows no change and McNemar's p = 1: a finding made of a typo."""
+    base, step100 = write_results(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "latest.json").symlink_to(step100)
+    spellings = [step100, str(tmp_path / "sub" / ".." / "step100.json"), str(tmp_path / "latest.json")]
+    message = r"result files 2 and 3: .*step100.json (is given twice|and .* are one file); compared with itself"
+    for again in spellings:
+        with pytest.raises(ResultError, match=message):
+            main([base, step100, again, "--output", str(tmp_path / "c.md")])
+    assert not (tmp_path / "c.md").exists()
+
+
+def test_five_long_run_names_stay_readable_under_the_bars(tmp_path: Path) -> None:
+    """Result files named as runs are (`geoqa_qwen2.5vl_lora_r16_step100_eval`): the names under the bars were one
+    line each and ran into one another. Each label must now lie clear of its neighbours, inside the figure."""
+    names = [
+        "geoqa_qwen2.5vl_3b_base_eval",
+        "geoqa_qwen2.5vl_lora_r16_step100_eval",
+        "geoqa_qwen2.5vl_lora_r16_step200_eval",
+        "geoqa_qwen2.5vl_lora_r16_step300_blank_eval",
+        "geoqa_qwen3.5_4b_lora_r32_lr1e-5_step400_eval",
+    ]
+    figure = plot_comparison([BASE, TRAINED, TRAINED, BASE, TRAINED], names, tmp_path / "five.png")
+    renderer = FigureCanvasAgg(figure).get_renderer()  # the backend savefig drew with
+    labels = figure.axes[0].get_xticklabels()
+    assert [label.get_text().replace("\n", "") for label in labels] == names  # wrapped, nothing left out
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    for left, right in zip(boxes, boxes[1:], strict=False):
+        assert left.x1 < right.x0, "neighbouring run names overlap"
+    page = figure.bbox
+    assert all(page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 for box in boxes)

@@ -175,6 +175,8 @@ def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_is_skipped(
     assert ids(again) == ["a", "c"] and found_when_read(again) == {}
     assert unused_rows() == {"train": {"invalid, skipped (skip_bad_rows)": 1}}
     assert "found when an earlier launch read the row" in caplog.text
+    # where the record is and how to clear it, once the image is repaired
+    assert ".unreadable.jsonl: once its image is repaired, delete that file (or this id's line)" in caplog.text
     # Evaluation rows are never replaced (each is scored under its id): the pass decodes their WebP and skips it;
     # vqa_image_check: decode finds it in the pass for any split.
     evaluated = get_dataset(vqa_args(tmp_path / "eval", files, "--vqa_eval_split", "train"), "eval", 10_000)

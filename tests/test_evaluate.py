@@ -34,8 +34,14 @@ from trl import GRPOConfig, ModelConfig
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.data.prompts_and_images import fill_image
-from vision_grpo.evaluation import evaluate, results
-from vision_grpo.evaluation.adapters import AdapterMismatch, load_verified_adapter
+from vision_grpo.evaluation import evaluate, pass_at_k, results
+from vision_grpo.evaluation.adapters import (
+    MERGED_ADAPTER,
+    MERGED_ADAPTER_WEIGHTS,
+    AdapterMismatch,
+    adapter_digest,
+    load_verified_adapter,
+)
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.evaluate import TIMING_KEYS
 from vision_grpo.evaluation.evaluator import Evaluator, default_max_new_tokens
@@ -311,6 +317,55 @@ def test_incomplete_adapter_folders_are_refused_before_loading(
 def test_full_model_folder_as_adapter_points_to_model_name_or_path(tiny_model_path: Path, tmp_path: Path) -> None:
     with pytest.raises(AdapterMismatch, match="--model_name_or_path"):
         evaluate.main(["--config", SHAPES_RECIPE, "--adapter", str(tiny_model_path), "--output", str(tmp_path / "x")])
+
+
+def _holding_the_adapter(adapter: Path, model: Path) -> str:
+    """`model`: a folder holding the adapter's own files (transformers loads them with the model)."""
+    shutil.copytree(adapter, model)
+    return "holds the adapter of --adapter .*adapter itself .*pass its base \\(vision-grpo/tiny-qwen2.5-vl\\)"
+
+
+def _export_of_the_adapter(adapter: Path, model: Path) -> str:
+    """`model`: an export whose model card records the adapter merged into it (as vision_grpo.export writes it)."""
+    model.mkdir()
+    card = f"---\n{MERGED_ADAPTER}: runs/x\n{MERGED_ADAPTER_WEIGHTS}: {adapter_digest(adapter)}\n---\n# x\n"
+    (model / "README.md").write_text(card)
+    return "is an export with --adapter .*adapter already merged into it \\(its README.md records merged_adapter runs/x"
+
+
+@pytest.mark.parametrize("entry", [evaluate.main, pass_at_k.main], ids=["evaluate", "pass_at_k"])
+@pytest.mark.parametrize("model_of", [_holding_the_adapter, _export_of_the_adapter], ids=["adapter-folder", "export"])
+def test_an_adapter_the_model_already_holds_is_refused_naming_both(tmp_path: Path, entry, model_of) -> None:
+    """Applied to weights that hold it already, an adapter counts twice: the result would be of weights nobody
+    trained, filed under the adapter's name. Refused before anything loads, by content (another path, same files)."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": TINY_MODEL}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    message = model_of(adapter, tmp_path / "model")
+    argv = ["--config", SHAPES_RECIPE, "--model_name_or_path", str(tmp_path / "model"), "--adapter", str(adapter)]
+    with pytest.raises(AdapterMismatch, match=rf"^--model_name_or_path .*model {message}"):
+        entry([*argv, "--output", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_rows_skipped_under_skip_bad_rows_are_recorded_in_the_result(tmp_path: Path) -> None:
+    """An evaluation that skipped a row scores fewer rows than the split holds: before, only the log said so, and
+    the result file read as an evaluation of the whole split."""
+    folder = tmp_path / "vqa"
+    (folder / "images").mkdir(parents=True)
+    Image.new("RGB", (40, 40), "white").save(folder / "images" / "ok.png")
+    rows = [{"id": "good", "image": "ok.png"}, {"id": "no-image", "image": "missing.png"}, {"id": "also-good"}]
+    lines = [{"image": "ok.png", "question": "How many?", "answer": "3", **row} for row in rows]
+    (folder / "test.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    data = ["--dataset_name", str(folder), "--vqa_image_folder", str(folder / "images")]
+    data += ["--vqa_image_column", "image", "--skip_bad_rows", "true"]
+    result = evaluate_to(
+        tmp_path / "r.json", "--config", "recipes/vqa/tiny_clevr_count.yaml", *data, "--max_new_tokens", "2"
+    )
+    assert [record["id"] for record in result["records"]] == ["good", "also-good"]
+    assert result["metadata"]["rows_unused"] == {"invalid, skipped (skip_bad_rows)": 1}
+    assert result["metadata"]["rows_unused_ids"] == {"invalid, skipped (skip_bad_rows)": ["no-image"]}
 
 
 def test_output_in_a_missing_folder_fails_at_once(tmp_path: Path) -> None:

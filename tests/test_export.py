@@ -20,6 +20,7 @@ from safetensors import safe_open
 from transformers import AutoModelForImageTextToText
 
 from vision_grpo.evaluation import evaluate
+from vision_grpo.evaluation.adapters import AdapterMismatch, adapter_digest
 from vision_grpo.evaluation.vllm_backend import UnservableAdapter, check_vllm_lora
 from vision_grpo.export import cli as export_cli
 from vision_grpo.export.checks import ExportError
@@ -156,6 +157,24 @@ def test_model_card_figures_are_the_result_files(qwen2_5_run: Path, tmp_path: Pa
     trained = yaml.safe_load(recipe)
     assert data["rewards"] == dict(zip(trained["reward_funcs"], trained["reward_weights"], strict=True))
     assert f"| {result['summary']['n']} | {result['summary']['accuracy']} |" in card.text
+
+
+def test_the_card_records_the_merged_adapter_and_the_evaluator_refuses_it_on_the_export(
+    qwen2_5_run: Path, tmp_path: Path
+) -> None:
+    """The export holds the adapter's change already: evaluating it with `--adapter <the run>` again would add it
+    twice and file the result under the adapter. The card records which adapter (by path and content); the
+    evaluator reads it and refuses, naming both, before the model loads."""
+    output = tmp_path / "exported"
+    export_cli.main(["--adapter", str(qwen2_5_run), "--output", str(output)])
+    data = ModelCard.load(output / "README.md").data.to_dict()
+    assert data["merged_adapter"] == str(qwen2_5_run)
+    assert data["merged_adapter_weights"] == adapter_digest(qwen2_5_run)
+    copy = shutil.copytree(qwen2_5_run, tmp_path / "copy-of-the-run")  # the same adapter under another path
+    for adapter in (qwen2_5_run, copy):
+        with pytest.raises(AdapterMismatch, match=rf"{output} is an export with --adapter {adapter} already merged"):
+            evaluate_records(tmp_path, "twice", "--model_name_or_path", str(output), "--adapter", str(adapter))
+    assert not (tmp_path / "twice.json").exists()
 
 
 def test_eval_file_of_other_weights_is_refused(qwen2_5_run: Path, tmp_path: Path) -> None:

@@ -8,6 +8,10 @@ An adapter of a base with other dimensions fails inside PEFT; we turn that into 
 Whether an adapter attaches depends on the base's module names and shapes, not its weights: the same check runs on
 a model built on the meta device (`model_skeleton`), which is how the vLLM backend verifies an adapter without
 holding a second copy of the base in memory beside the engine's.
+
+An adapter that the model already holds would attach just as well and add its change twice: a merged export (its
+model card records the adapter merged into it, by content) or a model folder that holds the adapter itself (which
+transformers loads with the model). `check_not_in_model` refuses both before anything loads.
 """
 
 from __future__ import annotations
@@ -18,15 +22,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from huggingface_hub.repocard import metadata_load
 from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedModel
+
+from vision_grpo.run.files import content_digest
 
 logger = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_MODEL_FILES = ("model.safetensors", "model.safetensors.index.json")
+MODEL_CARD = "README.md"
+# The model card keys of an export (vision_grpo/export/model_card.py): the adapter merged into it, as given to the
+# export and by content (`adapter_digest`).
+MERGED_ADAPTER, MERGED_ADAPTER_WEIGHTS = "merged_adapter", "merged_adapter_weights"
 SHOWN = 5  # names or error lines quoted in a message; the rest are counted
 
 
@@ -56,6 +68,51 @@ def check_adapter_dir(adapter_dir: str | Path) -> Path:
     if missing:
         raise AdapterMismatch(f"{adapter_dir} has no {' and no '.join(missing)}: not a complete PEFT adapter folder")
     return adapter_dir
+
+
+def adapter_digest(adapter_dir: str | Path) -> str:
+    """The adapter by content (sha256 of its weights and config file, whatever its path): what a result's metadata
+    (`adapter_weights`) and an export's model card (`merged_adapter_weights`) record, so either can be matched to it."""
+    adapter_dir = Path(adapter_dir)
+    return content_digest([adapter_dir / ADAPTER_WEIGHTS, adapter_dir / ADAPTER_CONFIG])
+
+
+def _card_metadata(folder: Path) -> dict[str, Any]:
+    """The YAML metadata of the folder's model card; empty where there is none or it does not parse (a card
+    written by someone else: it records nothing of ours)."""
+    if not (folder / MODEL_CARD).is_file():
+        return {}
+    try:
+        return metadata_load(folder / MODEL_CARD) or {}
+    except (yaml.YAMLError, ValueError):
+        return {}
+
+
+def check_not_in_model(model: str, adapter_dir: str | Path) -> None:
+    """Refuse `adapter_dir` on `model` (`--model_name_or_path`) where the model's folder shows it holds that adapter
+    already, by content: an export it was merged into (the card's `merged_adapter_weights`), or the adapter's own
+    files (transformers loads a folder's adapter with the model). Applied again, it would add its change twice and
+    the result would name an evaluation of weights nobody trained. A Hub id or an embedded model records nothing."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return
+    digest = adapter_digest(adapter_dir)
+    base = adapter_base_model(adapter_dir) or "the base model it was trained on"
+    holds_adapter = all((folder / name).is_file() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
+    if holds_adapter and adapter_digest(folder) == digest:
+        raise AdapterMismatch(
+            f"--model_name_or_path {model} holds the adapter of --adapter {adapter_dir} itself (the same "
+            f"{ADAPTER_WEIGHTS} and {ADAPTER_CONFIG}): transformers loads it with the model, so --adapter would apply "
+            f"it a second time; pass its base ({base}) as --model_name_or_path"
+        )
+    card = _card_metadata(folder)
+    if card.get(MERGED_ADAPTER_WEIGHTS) == digest:
+        raise AdapterMismatch(
+            f"--model_name_or_path {model} is an export with --adapter {adapter_dir} already merged into it (its "
+            f"{MODEL_CARD} records {MERGED_ADAPTER} {card.get(MERGED_ADAPTER)}, the same weights by sha256): applied "
+            f"again its change would count twice; evaluate {model} without --adapter, or the adapter on its base "
+            f"({base})"
+        )
 
 
 def adapter_base_model(adapter_dir: str | Path) -> str | None:

@@ -1,12 +1,15 @@
 """Comparing evaluation results of the same items (the library of `eval/compare.py`): result files read and checked
-(their summary must be what their records give, their items the same), the comparison, significance, grounding and
-breakdown tables as one markdown report, and the bar chart (matplotlib's `Figure`, no pyplot).
+(each given once, their summary what their records give, their items the same), the comparison, significance,
+grounding and breakdown tables as one markdown report, the bar chart (matplotlib's `Figure`, no pyplot), and the
+outputs checked before either is written (an earlier comparison is replaced only with `--overwrite`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,70 @@ from vision_grpo.evaluation.statistics import ItemMismatch, ResultError, mcnemar
 NONE = "–"
 # What makes two runs "the same model" for the grounding check: everything but the images shown.
 GROUNDING_KEYS = ("model", "adapter", "max_new_tokens")
-DEFAULT_REPORT, DEFAULT_PLOT = "results/eval_compare.md", "results/eval_compare.png"
+DEFAULT_REPORT = "results/eval_compare.md"
+REPORT_START = "## Evaluation comparison\n"  # how every report `report` writes begins
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TICK_FONT = 8
+# Characters of TICK_FONT-point DejaVu Sans per inch of a bar group, with room to spare between neighbours.
+TICK_CHARS_PER_INCH = 14
+NAME_PIECES = re.compile(r"[^_\-/]+[_\-/]*|[_\-/]+")  # `step100_` `eval`: break after a separator
+
+
+class OutputExists(ValueError):
+    """A report or chart path that holds a file this comparison must not replace."""
+
+
+def check_distinct(paths: list[Path]) -> None:
+    """Refuse a result file given twice, however it is spelled (`./a.json`, a symbolic or hard link to it): compared
+    with itself it differs in nothing, and the table and McNemar's test would report that as a finding."""
+    for later in range(1, len(paths)):
+        for earlier in range(later):
+            first, again = paths[earlier], paths[later]
+            if first.exists() and again.exists() and os.path.samefile(first, again):
+                which = f"{first} and {again} are one file" if first != again else f"{first} is given twice"
+                raise ResultError(
+                    f"result files {earlier + 1} and {later + 1}: {which}; compared with itself a result differs in "
+                    "nothing: give each result file once"
+                )
+
+
+def plot_path(output: str | Path) -> Path:
+    """The chart beside the report: `--output`'s name with `.png`, so two comparisons keep their charts apart."""
+    return Path(output).with_suffix(".png")
+
+
+def _is_earlier_output(path: Path, chart: bool) -> bool:
+    """`path` holds what this command writes there: a PNG for the chart, else a report that starts as `report`'s."""
+    with path.open("rb") as existing:
+        start = existing.read(len(REPORT_START.encode()))
+    return start.startswith(PNG_SIGNATURE) if chart else start == REPORT_START.encode()
+
+
+def check_outputs(report_path: Path, chart_path: Path, chart_given: bool, overwrite: bool) -> None:
+    """Before anything is written: the report and the chart are two files, neither a folder; an existing one is
+    replaced only with `overwrite`, and only if it is an earlier comparison's (a typo must not turn `--overwrite`
+    onto notes or a figure of another kind). `chart_given`: the chart's path came from `--plot`, not `--output`."""
+    if report_path.resolve() == chart_path.resolve():
+        raise OutputExists(
+            f"the report (--output) and the chart (--plot) would both be {report_path}: give --output a .md name, "
+            "or --plot another"
+        )
+    chart = f"--plot {chart_path}" if chart_given else f"the chart {chart_path} (--output's name with .png)"
+    for shown, path, is_chart in ((f"--output {report_path}", report_path, False), (chart, chart_path, True)):
+        if path.is_dir():
+            raise OutputExists(f"{shown} is a folder: name a file in it, e.g. --output {path / 'eval_compare.md'}")
+        if not path.exists():
+            continue
+        flag = "--plot" if is_chart and chart_given else "--output"
+        if not _is_earlier_output(path, is_chart):
+            kind = "a PNG" if is_chart else f"a report of eval/compare.py (it starts `{REPORT_START.strip()}`)"
+            raise OutputExists(
+                f"{shown} exists and is not {kind}: it is not replaced, --overwrite or not; choose another {flag}"
+            )
+        if not overwrite:
+            raise OutputExists(
+                f"{shown} holds an earlier comparison: pass --overwrite to replace it, or choose another {flag}"
+            )
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -230,7 +296,9 @@ def plot_comparison(results: list[dict[str, Any]], names: list[str], path: str |
         positions = [i + (offset - (len(metrics) - 1) / 2) * width for i in range(len(results))]
         bars = axis.bar(positions, heights, width, label=label)
         axis.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
-    axis.set_xticks(range(len(results)), names, fontsize=9)
+    group_inches = (figure.get_figwidth() - 1.2) / len(results)  # the axes' width (margins aside) per run
+    axis.set_xticks(range(len(results)), wrapped_names(names, int(group_inches * TICK_CHARS_PER_INCH)))
+    axis.tick_params(axis="x", labelsize=TICK_FONT)
     axis.set_ylabel("% of items")
     axis.set_ylim(0, 125)  # room for the legend above a 100% bar
     axis.set_yticks(range(0, 101, 20))
@@ -240,6 +308,25 @@ def plot_comparison(results: list[dict[str, Any]], names: list[str], path: str |
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     return figure
+
+
+def wrapped_names(names: list[str], width: int) -> list[str]:
+    """Each name on lines of at most `width` characters, broken after `_`, `-` or `/` (within a piece longer than a
+    line, anywhere; not after `.`, which would split `qwen2.5`): five names such as
+    `geoqa_qwen2.5vl_lora_r16_step100_eval` side by side would otherwise run into each other under the bars, and
+    the full names are in the report's tables."""
+    width = max(width, 8)  # a piece is cut no shorter than this, however many runs share the figure
+    wrapped = []
+    for name in names:
+        lines = [""]
+        for piece in NAME_PIECES.findall(name):
+            while piece:
+                if lines[-1] and len(lines[-1]) + len(piece) > width:
+                    lines.append("")
+                room = width - len(lines[-1])
+                lines[-1], piece = lines[-1] + piece[:room], piece[room:]
+        wrapped.append("\n".join(lines))
+    return wrapped
 
 
 def default_names(paths: list[Path]) -> list[str]:

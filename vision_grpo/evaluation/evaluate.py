@@ -20,8 +20,8 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset
-from vision_grpo.evaluation.adapters import adapter_base_model, check_adapter_dir
+from vision_grpo.data import get_dataset, unused_row_ids, unused_rows
+from vision_grpo.evaluation.adapters import adapter_base_model, check_adapter_dir, check_not_in_model
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if eval_args.adapter:
         check_adapter_dir(eval_args.adapter)
+        check_not_in_model(model_args.model_name_or_path, eval_args.adapter)
         if eval_args.backend == "vllm" and not eval_args.merge_adapter:
             from vision_grpo.evaluation.vllm_backend import check_vllm_lora  # imports no vLLM: refused before it loads
 
@@ -192,6 +193,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
         metadata = {
             **settings,
+            # Rows of the split not evaluated, by reason (`skip_bad_rows`: invalid rows skipped), as a training
+            # run's manifest records them: an accuracy over fewer rows than the split holds says so in its file.
+            "rows_unused": unused_rows().get("eval", {}),
+            "rows_unused_ids": unused_row_ids("eval"),
             "max_pixels": max_pixels_of(processor),
             "generation_config": evaluator.decoding(max_new_tokens),
             **evaluator.placement(),

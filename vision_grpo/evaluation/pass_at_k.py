@@ -16,6 +16,7 @@ from transformers import GenerationConfig
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
+from vision_grpo.evaluation.adapters import check_adapter_dir, check_not_in_model
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
@@ -128,6 +129,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise FileNotFoundError(f"output folder {output.parent} does not exist: create it or choose another --output")
     check_outputs_are_not_inputs("--output", [output], evaluation_inputs(argv, task_args, model_args, eval_args))
     check_replaceable(output)
+    if eval_args.adapter:  # before the model loads, as eval/evaluate.py checks them
+        check_adapter_dir(eval_args.adapter)
+        check_not_in_model(model_args.model_name_or_path, eval_args.adapter)
     evaluator, processor = build_evaluator(task_args, train_args, model_args, eval_args)
     dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
     if eval_args.limit:

@@ -15,10 +15,10 @@ from typing import Any
 from accelerate import PartialState
 from trl import ModelConfig
 
-from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from vision_grpo.evaluation.adapters import adapter_digest
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.recipe.parse import recipe_path_of
-from vision_grpo.run.files import content_digest, hold_lock
+from vision_grpo.run.files import hold_lock
 from vision_grpo.run.manifest import model_identity
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
 from vision_grpo.storage.writes import write_text_atomic
@@ -205,9 +205,7 @@ def weights_identity(model_args: ModelConfig, adapter: str | None) -> dict[str, 
     other weights under the same path."""
     return {
         "model_weights": model_identity(model_args.model_name_or_path, model_args.model_revision),
-        "adapter_weights": content_digest([Path(adapter) / ADAPTER_WEIGHTS, Path(adapter) / ADAPTER_CONFIG])
-        if adapter
-        else None,
+        "adapter_weights": adapter_digest(adapter) if adapter else None,
     }
 
 

@@ -3,6 +3,8 @@
 Every figure in it is read from a file: the run's manifest (base weights, dataset, steps, git commit), the run's
 resolved recipe (its sha256, the rewards and their weights) and, when given, an eval/evaluate.py result (accuracy
 with its n, format rate, the decoding config). A figure a file does not hold is written as unknown, never guessed.
+A merged LoRA export records the adapter merged into it, as given and by content (`merged_adapter`,
+`merged_adapter_weights`): the evaluator then refuses that adapter on this folder, which would count it twice.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from vision_grpo.evaluation.adapters import MERGED_ADAPTER, MERGED_ADAPTER_WEIGHTS, adapter_digest
 from vision_grpo.run.files import content_digest
 
 TEMPLATE = """---
@@ -139,6 +142,11 @@ def write_model_card(
         git_commit=(manifest.get("git") or {}).get("commit"),
         generation_config_from_base=generation_config,
         eval=evaluation,
+        # None (left out of the card) for a full fine-tune: its run holds no adapter.
+        **{
+            MERGED_ADAPTER: None if full else str(adapter),
+            MERGED_ADAPTER_WEIGHTS: None if full else adapter_digest(adapter),
+        },
     )
     if full:
         origin = f"Full fine-tune of `{model_args.model_name_or_path}` (run `{adapter}`), re-saved for serving."
