@@ -194,9 +194,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def report(name: str, figures: dict[str, Any], json_path: str | None) -> None:
-    """Print a benchmark's figures as one `RESULT` JSON line (for run_all and tests); also write them if asked."""
+    """Print a benchmark's figures as one `RESULT` JSON line (for run_all and tests); also write them if asked, in a
+    folder made if missing (`--json results/x.json` on a fresh clone, which has no results/)."""
     print(f"RESULT {name} " + json.dumps(figures, sort_keys=True))
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(figures, indent=1, sort_keys=True), encoding="utf-8")
 
 

@@ -3,11 +3,11 @@
     python recipes/sweep.py --config recipes/shapes/tiny_grpo_demo.yaml --learning_rate 2e-5,2e-4 --max_steps 40
     python recipes/sweep.py --launcher "accelerate launch --config_file <file>" --config <recipe> --beta 0,0.04
 
-Several values of a key: one flag, values joined by commas, no spaces (`--learning_rate 2e-5,6e-5,2e-4`). Several
-swept flags give every combination. All other flags (any key of recipes/train.py) go to every run unchanged; all
-runs' flags are checked before the first starts. Runs are named `<sweep>_<key>=<value>...` in the recipe's
-`output_dir`, next to its other runs; afterwards `eval/compare_runs.py` writes the curves and the table to
-`--compare_output`.
+Several values of a key: one flag, values joined by commas, no spaces, each value once (`--learning_rate
+2e-5,6e-5,2e-4`). Several swept flags give every combination. All other flags (any key of recipes/train.py) go to
+every run unchanged; all runs' flags are checked before the first starts. Runs are named `<sweep>_<key>=<value>...`
+in the recipe's `output_dir`, next to its other runs; afterwards `eval/compare_runs.py` writes the curves and the
+table to `--compare_output`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.evaluation.training_curves import write_comparison
 from vision_grpo.recipe.arguments import TaskArguments
-from vision_grpo.recipe.parse import parse_recipe
+from vision_grpo.recipe.parse import parse_recipe, read_recipe
 from vision_grpo.run.launched import die_with_parent
 
 logger = logging.getLogger("vision_grpo.sweep")
@@ -64,20 +63,37 @@ def is_swept(values: list[str]) -> bool:
 def plan(flags: list[Flag], sweep_name: str) -> list[tuple[str, list[str]]]:
     """(run name, train.py arguments) of every combination of the swept values."""
     fixed = [(key, values) for key, values in flags if not is_swept(values)]
-    swept = [(key, values[0].split(",")) for key, values in flags if is_swept(values)]
+    swept = [(key, [value.strip() for value in values[0].split(",")]) for key, values in flags if is_swept(values)]
     if not swept:
         raise SweepError("nothing to sweep: give at least one flag several values, e.g. --learning_rate 1e-5,4e-5")
+    for key, values in swept:
+        check_distinct(key, values)
     if any(key == "run_name" for key, _ in flags):
         raise SweepError("the sweep names its runs; use --sweep_name instead of --run_name")
     base = [token for key, values in fixed for token in (f"--{key}", *values)]
     runs = []
     for combination in itertools.product(*(values for _, values in swept)):
-        chosen = list(zip((key for key, _ in swept), (value.strip() for value in combination), strict=True))
+        chosen = list(zip((key for key, _ in swept), combination, strict=True))
         name = "_".join([sweep_name, *(f"{key}={value}" for key, value in chosen)])
         name = re.sub(r"[^\w.=+-]", "-", name)  # a readable folder name: no slashes or spaces
         overrides = [token for key, value in chosen for token in (f"--{key}", value)]
         runs.append((name, [*base, *overrides, "--run_name", name]))
     return runs
+
+
+def check_distinct(key: str, values: list[str]) -> None:
+    """Each swept value once, numbers compared as numbers (`1e-4` is `0.0001`): a value given twice would train the
+    same run twice, and the second would find the first one's folder taken only after the first had finished."""
+    seen: dict[float | str, str] = {}
+    for value in values:
+        try:
+            same: float | str = float(value)
+        except ValueError:
+            same = value
+        if same in seen:
+            given = value if seen[same] == value else f"{seen[same]} and {value}, the same number,"
+            raise SweepError(f"--{key} gives {given} twice: the runs would repeat each other; give each value once")
+        seen[same] = value
 
 
 def check_runs(runs: list[tuple[str, list[str]]]) -> None:
@@ -92,7 +108,7 @@ def output_dir_of(flags: list[Flag]) -> Path:
     if values.get("output_dir"):
         return Path(values["output_dir"][0])
     if values.get("config"):
-        recipe = yaml.safe_load(Path(values["config"][0]).read_text(encoding="utf-8")) or {}
+        recipe = read_recipe(values["config"][0])  # a mapping: `check_runs` parsed it
         if recipe.get("output_dir"):
             return Path(recipe["output_dir"])
     raise SweepError("no output_dir: set it in the recipe or pass --output_dir")
@@ -136,9 +152,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("--dry_run", action="store_true", help="Print the commands, run nothing.")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     flags = split_flags(rest)
-    output_dir = output_dir_of(flags)
     runs = plan(flags, args.sweep_name)
     check_runs(runs)
+    output_dir = output_dir_of(flags)
     taken = [name for name, _ in runs if (output_dir / name).exists()]
     if taken:
         raise SweepError(f"run folders already exist in {output_dir}: {taken}; choose another --sweep_name")

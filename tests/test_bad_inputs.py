@@ -141,6 +141,11 @@ ENTRY_POINT_CASES = {
         RecipeError,
         r"reward_timeout must be at least 0, got -1.0; set `reward_timeout` to 0 or more \(0: no limit\)",
     ),
+    "no outage allowed": (
+        ["--reward_outage_steps", "0"],
+        RecipeError,
+        r"reward_outage_steps must be at least 1, got 0",
+    ),
     "unknown reward_faults": (
         ["--reward_faults", "ignore"],
         RecipeError,

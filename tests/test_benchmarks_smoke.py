@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_script
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from common import read_step_log, run_measured  # noqa: E402
+from common import read_step_log, report, run_measured  # noqa: E402
 from run_all import BENCHMARKS  # noqa: E402
 
 
@@ -75,6 +75,13 @@ def test_read_step_log_pairs_each_step_with_its_log_time(tmp_path: Path) -> None
     assert log.wall_times == [1010.0, 1020.0, 1030.0, 1040.0]
     assert log.step_periods() == [10.0, 10.0, 10.0]
     assert log.first_step_start() == 1010.0 - 5.0
+
+
+def test_a_benchmarks_json_goes_into_a_folder_made_for_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`--json results/x.json` on a fresh clone, which has no results/ (before: FileNotFoundError after the run)."""
+    report("x", {"steps": 2}, str(tmp_path / "results" / "x.json"))
+    assert json.loads((tmp_path / "results" / "x.json").read_text()) == {"steps": 2}
+    assert capsys.readouterr().out == 'RESULT x {"steps": 2}\n'
 
 
 def test_overhead_pairs_that_did_different_work_are_refused() -> None:

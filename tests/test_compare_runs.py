@@ -195,6 +195,30 @@ def test_sweep_checks_every_runs_flags_before_the_first_starts(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("2e-5,4e-5,2e-5", "--learning_rate gives 2e-5"),
+        ("1e-4,0.0001", "--learning_rate gives 1e-4 and 0.0001, the same number,"),
+    ],
+)
+def test_a_value_swept_twice_is_refused_before_the_first_run(tmp_path, values, message):
+    """Before: the same run trained twice, or the second refused for its taken folder after the first had finished."""
+    args = ["--config", "recipes/shapes/tiny_cpu.yaml", "--output_dir", str(tmp_path), "--learning_rate", values]
+    with pytest.raises(sweep.SweepError, match=rf"{message} twice: the runs would repeat each other; give each value"):
+        sweep.main([*args, "--sweep_name", "s", "--dry_run"])  # refused while planning, before any run could start
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_of_a_folder_or_a_binary_recipe_names_it(tmp_path):
+    """Before: `IsADirectoryError` and a `UnicodeDecodeError` traceback, reading the recipe for its output_dir."""
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    for recipe, what in ((tmp_path, "is a folder, not a recipe file"), (binary, "is a binary file, not YAML")):
+        with pytest.raises(RecipeError, match=f"recipe {recipe} {what}"):
+            sweep.main(["--config", str(recipe), "--learning_rate", "1e-5,2e-5", "--sweep_name", "s"])
+
+
 @pytest.mark.slow
 def test_two_learning_rates_give_two_runs_and_a_comparison(tmp_path):
     """The issue's check: a real 2-step sweep over two learning rates, then the PNG and the differing-keys table."""

@@ -1,5 +1,6 @@
 """`python -m vision_grpo.export` misused: each refusal names the flag or file and comes before the model loads
-(`load_model` is made to fail if reached); a real export leaves a folder other accounts can read."""
+(`load_model` is made to fail if reached); a real export makes the folders above `--output` and leaves a folder
+other accounts can read."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from lora_runs import lora_run
 from vision_grpo.evaluation.adapters import AdapterMismatch
 from vision_grpo.export import cli as export_cli
 from vision_grpo.export.checks import ExportError, hold_output
+from vision_grpo.recipe.arguments import RecipeError
 
 RECIPE = "recipes/shapes/tiny_cpu.yaml"
 
@@ -84,6 +86,29 @@ def test_a_second_export_to_one_output_fails_at_once_naming_the_first(
     busy = rf"another export \(pid {os.getpid()}\) is writing .*out: wait"
     with hold_output(output), pytest.raises(ExportError, match=busy):
         export_cli.main(["--adapter", str(run), "--output", str(output)])
+
+
+def test_a_config_that_does_not_exist_is_blamed_on_the_flag(run: Path, tmp_path: Path, no_model: None) -> None:
+    """Before: "<adapter> has no recipe.yaml beside it", though the run has one and the flag named another file."""
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ExportError, match=rf"^--config {missing} does not exist: pass the recipe {run} was trained"):
+        export_cli.main(["--adapter", str(run), "--output", str(tmp_path / "out"), "--config", str(missing)])
+    with pytest.raises(RecipeError, match=rf"^recipe {tmp_path} is a folder, not a recipe file"):
+        export_cli.main(["--adapter", str(run), "--output", str(tmp_path / "out"), "--config", str(tmp_path)])
+
+
+def test_a_refused_export_removes_the_folders_it_made_for_its_output(run: Path, tmp_path: Path, no_model: None) -> None:
+    with pytest.raises(AssertionError, match="the model was loaded"):  # refused once the folders were made
+        export_cli.main(["--adapter", str(run), "--output", str(tmp_path / "exported" / "deeper" / "out")])
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+def test_an_output_whose_folders_do_not_exist_yet_is_exported_into_them(run: Path, tmp_path: Path) -> None:
+    """`--output exported/x` on a fresh clone, which has no exported/ (before: "the folder of --output, exported,
+    does not exist: create it first")."""
+    output = export_cli.main(["--adapter", str(run), "--output", str(tmp_path / "exported" / "deeper" / "out")])
+    assert json.loads((output / "config.json").read_text())
+    assert sorted(path.name for path in output.parent.iterdir()) == ["out"]  # no lock, no staging folder left
 
 
 def test_the_exported_folder_is_readable_by_other_accounts(run: Path, tmp_path: Path) -> None:

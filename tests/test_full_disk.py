@@ -224,6 +224,7 @@ def test_a_full_disk_during_an_export_is_named_and_leaves_nothing(
 def test_a_full_disk_at_the_final_save_is_named(tmp_path: Path) -> None:
     class Trainer:  # what train_and_save calls on a rank that writes no record
         model = torch.nn.Linear(4, 4)
+        state = SimpleNamespace(global_step=1)  # trained: the run has weights to save
 
         def add_callback(self, callback: Any) -> None: ...
 

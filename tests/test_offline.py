@@ -5,12 +5,17 @@ set (no `HF_DATASETS_OFFLINE`, no `HF_HUB_DISABLE_TELEMETRY`: telemetry must sta
 The guard (tests/guard/sitecustomize.py) is put on PYTHONPATH, so Python imports it at start-up in every process,
 including the ranks `accelerate launch` spawns and the interpreter that builds the embedded model. Each process
 logs that it ran guarded; any connection attempt or unpickling is logged too, and fails the test.
+
+Without a home (HOME empty or unset, as under cron or `env -i`) the caches go under the temporary directory, not the
+filesystem root.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +103,24 @@ def test_training_evaluation_and_the_demo_pieces_make_no_connection(guarded: Pat
         r for r in records if r["kind"] != "installed" and not any(RANK_EXCHANGE in frame for frame in r["stack"])
     ]
     assert violations == [], json.dumps(violations, indent=1)
+
+
+@pytest.mark.parametrize("home", ["", None], ids=["empty", "unset"])
+def test_without_a_home_every_cache_goes_under_the_temporary_directory(home: str | None, tmp_path: Path) -> None:
+    """Before: with HOME empty, `/.cache/vision_grpo` and `/.cache/huggingface` (the root; with HOME unset, the
+    passwd entry's home, which a container's user may not have)."""
+    unset = ("HOME", "HF_HOME", "XDG_CACHE_HOME", "VISION_GRPO_CACHE", "HF_DATASETS_CACHE", "HF_HUB_CACHE")
+    env = {key: value for key, value in os.environ.items() if key not in unset}
+    env.update({"TMPDIR": str(tmp_path), **({} if home is None else {"HOME": home})})
+    probe = """
+import vision_grpo  # first, as every entry point imports it before huggingface_hub or datasets
+import json, datasets.config, huggingface_hub.constants as hub
+from vision_grpo.run.files import digest_cache_path
+from vision_grpo.storage.cache_home import vision_grpo_cache
+caches = [hub.HF_HUB_CACHE, datasets.config.HF_DATASETS_CACHE, vision_grpo_cache(), digest_cache_path()]
+print(json.dumps([str(path) for path in caches]))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    caches = [Path(path) for path in json.loads(done.stdout)]
+    assert all(path.is_relative_to(tmp_path / f"cache-{os.getuid()}") for path in caches), caches

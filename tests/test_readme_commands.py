@@ -140,3 +140,22 @@ def test_documented_command_names_a_script_that_exists_and_flags_that_parse(
         check_python([launch.training_script, *launch.training_script_args])
     else:
         assert tokens[0] in OTHER_PROGRAMS, f"unknown command {tokens[0]}"
+
+
+# Commands that refuse an `--output` in a folder that does not exist (the evaluator's): a document makes the folder
+# with `mkdir -p` before its first such command, so that its commands run as written on a fresh clone, which has no
+# results/. The export, the benchmarks' `--json`, compare_runs and the sweep make theirs.
+NEEDS_ITS_FOLDER = {"eval/evaluate.py", "eval/pass_at_k.py"}
+
+
+@pytest.mark.parametrize("document", sorted(COMMANDS))
+def test_a_documented_output_folder_is_made_before_a_command_that_needs_it(document: str) -> None:
+    made: set[Path] = set()
+    for command in COMMANDS[document]:
+        tokens = shlex.split(command)
+        if tokens[0] == "mkdir":
+            made |= {Path(token) for token in tokens[1:] if not token.startswith("-")}
+        if NEEDS_ITS_FOLDER & set(tokens) and "--output" in tokens:
+            folder = Path(tokens[tokens.index("--output") + 1]).parent
+            if folder != Path(".") and not folder.is_absolute() and "<" not in str(folder):
+                assert folder in made, f"{document}: `{command}` writes into {folder}/: `mkdir -p {folder}` first"

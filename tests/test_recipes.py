@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,9 +12,11 @@ import yaml
 from conftest import FAMILY_MODELS
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
+from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.models.loading import load_model
 from vision_grpo.models.lora import check_lora_targets, get_peft_config
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.bounds import DURATIONS, UPPER_BOUNDS, WEEK
 from vision_grpo.recipe.parse import check_recipe_keys, parse_recipe
 from vision_grpo.rewards import get_reward_funcs
 
@@ -153,3 +156,85 @@ def test_a_python_tag_in_a_recipe_runs_nothing(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="is not valid YAML: could not determine a constructor for the tag"):
         parse_recipe((TaskArguments, GRPOConfig, ModelConfig), ["--config", str(recipe)])
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, r"recipe .*recipes is a folder, not a recipe file: pass a .yaml file to --config, e.g. `--config "),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"recipe .*recipe.yaml is a binary file, not YAML: pass the recipe"),
+        ("model_name_or_path: caf\xe9\n".encode("latin-1"), r"is not UTF-8 text \(byte 0xe9 at offset 23\): save it"),
+    ],
+    ids=["folder", "binary", "latin-1"],
+)
+def test_a_folder_or_a_binary_file_as_recipe_is_named_in_one_line(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
+    """Before: `IsADirectoryError` (or 'recipe ... does not exist' for a folder) and a `UnicodeDecodeError`
+    traceback."""
+    if content is None:
+        path = tmp_path / "recipes"
+        path.mkdir()
+        write_recipe(path)
+    else:
+        path = tmp_path / "recipe.yaml"
+        path.write_bytes(content)
+    with pytest.raises(RecipeError, match=message) as refused:
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "shown"),
+    [
+        ("learning_rate\u200b", r"'learning_rate\\u200b' \(it holds U\+200B ZERO WIDTH SPACE: retype it\)"),
+        ("learning\xa0rate", r"'learning\\xa0rate' \(it holds U\+00A0 NO-BREAK SPACE: retype it\)"),
+        ("\ufefflearning_rate", r"'\\ufefflearning_rate' \(it holds U\+FEFF ZERO WIDTH NO-BREAK SPACE: retype it\)"),
+        ("le\u0430rning_rate", r"'le\\u0430rning_rate' \(it holds U\+0430 CYRILLIC SMALL LETTER A: retype it\)"),
+    ],
+    ids=["zero-width space", "non-breaking space", "BOM", "Cyrillic a"],
+)
+def test_an_invisible_character_in_a_key_is_shown_escaped(tmp_path: Path, key: str, shown: str) -> None:
+    """Before: "unknown key `learning_rate​`; did you mean `learning_rate`?", the two names looking the same."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"model_name_or_path: vision-grpo/tiny-qwen2.5-vl\n{key}: 1.0e-4\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match=rf"unknown key {shown}; did you mean `learning_rate`\?"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+    with pytest.raises(RecipeError, match=rf"unknown flag {shown.replace(chr(39), chr(39) + '--', 1)}"):
+        parse_recipe(GRPO_CLASSES, [f"--{key}", "1e-4"])
+
+
+def _duration_keys() -> set[str]:
+    """Every numeric recipe key in seconds, by its name or its help."""
+    found = set()
+    for cls in (*GRPO_CLASSES, SFTConfig, EvalArguments):
+        for f in dataclasses.fields(cls):
+            said = f"{f.name} {f.metadata.get('help', '')}"
+            if f.type in (int, float, "int", "float") and re.search(r"timeout|interval|\bseconds\b", said, re.I):
+                found.add(f.name)
+    return found
+
+
+def test_every_duration_key_has_a_finite_upper_bound() -> None:
+    assert {"rank_stall_timeout", "reward_timeout", "ddp_timeout"} <= _duration_keys()
+    assert _duration_keys() <= set(UPPER_BOUNDS), f"unbounded: {_duration_keys() - set(UPPER_BOUNDS)}"
+
+
+@pytest.mark.parametrize("key", sorted(DURATIONS))
+def test_a_duration_above_a_week_is_refused_naming_the_key(tmp_path: Path, key: str) -> None:
+    """Before: accepted; a reward_timeout above threading.TIMEOUT_MAX killed its watcher thread mid-run."""
+    path = write_recipe(tmp_path)
+    parse_recipe(GRPO_CLASSES, ["--config", str(path), f"--{key}", str(WEEK)])  # a week passes
+    with pytest.raises(
+        RecipeError, match=rf"{key} must be at most 604,800, got 1,000,000,000(\.0)?: 604,800 s is a week"
+    ):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path), f"--{key}", "1000000000"])
+
+
+def test_token_check_samples_below_minus_one_is_refused(tmp_path: Path) -> None:
+    """Before: -5 silently checked every prompt, as -1 does."""
+    path = write_recipe(tmp_path, token_check_samples=-5)
+    with pytest.raises(RecipeError, match=r"token_check_samples must be at least -1, got -5; .*\(-1 checks every"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+    task, _, _ = parse_recipe(GRPO_CLASSES, ["--config", str(path), "--token_check_samples", "-1"])
+    assert task.token_check_samples == -1

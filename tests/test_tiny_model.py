@@ -5,6 +5,7 @@ recipes' loaders; and the visual-token check that compares prompts with what the
 from __future__ import annotations
 
 import json
+import logging
 import os
 import unicodedata
 from pathlib import Path
@@ -18,10 +19,12 @@ from PIL import Image
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, normalizers
 from transformers import AutoConfig
+from transformers.utils import is_torchvision_available
 from trl import ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import fixture_rows
+from vision_grpo.models import processing
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
 from vision_grpo.models.lora import get_peft_config
@@ -98,6 +101,22 @@ def test_each_replica_loads_offline_as_its_family(name: str, processor) -> None:
     assert (folder / "chat_template.jinja").read_text(encoding="utf-8") == template
     for filename in ("processor_config.json", "tokenizer_config.json"):
         assert json.loads((folder / filename).read_text())["processor_class"] == processor_class
+
+
+@pytest.mark.skipif(is_torchvision_available(), reason="the full processor loads where torchvision is installed")
+def test_without_torchvision_the_image_only_processor_is_said_once_in_one_short_info_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: at every load, an INFO line of 400 characters quoting transformers' error ("Can't load video processor
+    for ... make sure you don't have a local directory with the same name"), read as a failure."""
+    processing._say_image_only.cache_clear()
+    with caplog.at_level(logging.DEBUG, logger="vision_grpo.models.processing"):
+        for name in FAMILY_MODELS:
+            get_processor(model_args(name), TaskArguments())
+    said = [r for r in caplog.records if r.name == "vision_grpo.models.processing"]
+    assert [(r.levelname, r.getMessage()) for r in said] == [
+        ("INFO", "no torchvision here: processors load without their video part (these recipes use images only)")
+    ]
 
 
 def test_special_tokens_have_qwens_names_and_roles(name: str, processor) -> None:

@@ -302,7 +302,9 @@ def test_rows_shared_by_the_training_and_evaluation_splits_are_named(
     for name, lines in (("train", train), ("test", test)):
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(each) + "\n" for each in lines))
     argv = ["--task", "vqa", "--dataset_name", str(folder), "--vqa_image_folder", str(folder / "images")]
-    args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), [*argv, "--vqa_answer_type", "number", "--use_cpu", "true"])[0]
+    args = parse_recipe(
+        (TaskArguments, GRPOConfig, ModelConfig), [*argv, "--vqa_answer_type", "number", "--use_cpu", "true"]
+    )[0]
     with caplog.at_level(logging.WARNING, logger="vision_grpo.data"):
         get_dataset(args, "eval", MAX_PIXELS)
     assert "1 of 3 evaluation row(s) share their id with a training row (e.g. ids 't1')" in caplog.text

@@ -12,3 +12,7 @@ independent of each other (pyproject.toml's import-linter contract checks it; do
     rewards | recipe      the reward plugins (the rewards/ folder) | recipe keys and parsing, `--help`
     plugins               loading plugin files, the reward and task registries
 """
+
+from vision_grpo.storage.cache_home import hf_home_without_home
+
+hf_home_without_home()  # before any import of huggingface_hub or datasets reads HOME (storage/cache_home.py says why)

@@ -18,11 +18,11 @@ from safetensors import safe_open
 from transformers.utils import cached_file
 from trl import ModelConfig
 
-from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FULL_MODEL_FILES
+from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FULL_MODEL_FILES, adapter_digest
 from vision_grpo.evaluation.results import not_a_result
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.vision import is_vision_parameter
-from vision_grpo.run.files import content_digest, hold_lock
+from vision_grpo.run.files import hold_lock
 from vision_grpo.run.manifest import model_identity
 
 logger = logging.getLogger("vision_grpo.export")
@@ -93,8 +93,9 @@ def check_output_free(output: Path) -> None:
         )
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ExportError(f"output {output} already holds something: choose another --output or empty it first")
-    if not output.parent.is_dir():
-        raise ExportError(f"the folder of --output, {output.parent}, does not exist: create it first")
+    nearest = next(folder for folder in output.parents if folder.exists())  # missing ones are made for the export
+    if not nearest.is_dir():
+        raise ExportError(f"--output {output} is inside {nearest}, which is a file: choose another --output")
 
 
 def check_base(adapter: Path, manifest: dict[str, Any] | None, model_args: ModelConfig) -> dict[str, Any]:
@@ -153,7 +154,7 @@ def adapter_weights(adapter: Path, full: bool) -> dict[str, Any]:
     """The exported weights' origin by content, as eval/evaluate.py records it in a result's metadata."""
     if full:
         return {"model_weights": model_identity(str(adapter), None)}
-    return {"adapter_weights": content_digest([adapter / ADAPTER_WEIGHTS, adapter / ADAPTER_CONFIG])}
+    return {"adapter_weights": adapter_digest(adapter)}
 
 
 def check_eval_matches(path: Path, result: dict[str, Any], weights: dict[str, Any]) -> None:

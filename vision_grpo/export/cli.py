@@ -15,8 +15,9 @@ full fine-tuned run's own), the processor and tokenizer files with the chat temp
 processor falls back to it for the video processor when torchvision is missing), and a model card (README.md).
 
 The folder is written under a temporary name beside `--output` and renamed at the end, so `--output` never holds
-half an export. `--push_to_hub <repo>` uploads it with huggingface_hub; it needs the network and a token
-(`hf auth login`), so it is refused when HF_HUB_OFFLINE=1, before any work.
+half an export; missing folders above it are made (and removed again if the export fails). `--push_to_hub <repo>`
+uploads it with huggingface_hub; it needs the network and a token (`hf auth login`), so it is refused when
+HF_HUB_OFFLINE=1, before any work.
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ from vision_grpo.export.checks import (
     vision_lora_modules,
 )
 from vision_grpo.export.model_card import write_model_card
-from vision_grpo.export.staging import make_staging, marker_of, remove_staging, remove_stale_staging
+from vision_grpo.export.staging import (
+    make_staging,
+    marker_of,
+    parent_folders,
+    remove_staging,
+    remove_stale_staging,
+)
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
@@ -106,7 +113,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
     if not adapter.is_dir():
         raise ExportError(f"--adapter {adapter} does not exist")
     config = args.config or str(run_folder_of(adapter) / "recipe.yaml")
-    if not Path(config).is_file():
+    if args.config and not Path(config).exists():  # the flag's path is wrong, not the adapter
+        raise ExportError(
+            f"--config {config} does not exist: pass the recipe {adapter} was trained with, or leave --config out to "
+            "read the run's own recipe.yaml"
+        )
+    if not Path(config).exists():
         raise ExportError(f"{adapter} has no recipe.yaml beside it: pass --config with the recipe it was trained with")
     task_args, train_args, model_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig), ["--config", config, *recipe_argv, *PARSE_ONLY]
@@ -120,7 +132,7 @@ def export(argv: list[str]) -> Path:
     args, task_args, train_args, model_args = parse_args(argv)
     output = Path(args.output)
     check_output_free(output)
-    with hold_output(output):
+    with parent_folders(output), hold_output(output):
         remove_stale_staging(output)  # what an export to it that was killed left
         check_output_free(output)  # again, now that no other export can be writing it
         _export(args, argv, task_args, train_args, model_args)

@@ -7,10 +7,13 @@ not be told from it, and every crash left a full copy of the weights beside `--o
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from vision_grpo.storage.writes import naming_a_full_disk
@@ -25,6 +28,21 @@ def marker_of(staging: Path) -> Path:
 
 def marker_content(output: Path, staging: Path) -> dict[str, str]:
     return {"export_output": output.name, "staging": staging.name}
+
+
+@contextlib.contextmanager
+def parent_folders(output: Path) -> Iterator[None]:
+    """`output`'s missing parent folders, made for the export (a fresh clone has no `exported/`) and removed again,
+    where still empty, when the export fails: a refused export leaves nothing behind."""
+    missing = list(itertools.takewhile(lambda folder: not folder.exists(), output.parents))  # the deepest first
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for folder in missing:
+            with contextlib.suppress(OSError):  # not empty: another export's, or the user's, now
+                folder.rmdir()
+        raise
 
 
 def make_staging(output: Path) -> Path:

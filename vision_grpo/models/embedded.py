@@ -21,6 +21,7 @@ import torch
 from filelock import FileLock
 
 from vision_grpo.models.replicas import build
+from vision_grpo.storage.cache_home import vision_grpo_cache
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
 
 logger = logging.getLogger(__name__)
@@ -35,15 +36,10 @@ EMBEDDED_MODELS = {name: functools.partial(build.build_replica, family) for name
 TINY_MODEL = "vision-grpo/tiny-qwen2.5-vl"  # the default of the tiny recipes and the demo
 
 
-def cache_dir() -> Path:
-    """Where built artefacts live: `$VISION_GRPO_CACHE`, else `~/.cache/vision_grpo`. Never inside the repo's git."""
-    return Path(os.environ.get("VISION_GRPO_CACHE", Path.home() / ".cache" / "vision_grpo"))
-
-
 def resolve_model_path(name: str) -> str:
     """A path or Hub id that `from_pretrained` can read; builds the embedded model on first use."""
     if name in EMBEDDED_MODELS:
-        target = cache_dir() / f"{name.replace('/', '--')}--{_builder_version()}"
+        target = vision_grpo_cache() / f"{name.replace('/', '--')}--{_builder_version()}"
         target.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(target) + ".lock"):  # two ranks starting together build it once
             fault = seal_fault(target, model=name)

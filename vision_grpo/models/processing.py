@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from typing import Any
 
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin, Qwen2_5_VLProcessor
 from transformers.models.auto.processing_auto import processor_class_from_name
-from transformers.utils import cached_file
+from transformers.utils import cached_file, is_torchvision_available
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ def _needs_torchvision(error: Exception) -> bool:
     return "torchvision" in str(error).lower() or "video" in str(error).lower()
 
 
+@functools.cache
+def _say_image_only() -> None:
+    """A machine without torchvision is no fault: one short line per process (rank 0's only under a launcher), not
+    transformers' error at every load, a paragraph about the Hub and local folders that reads as a failure."""
+    if os.environ.get("RANK", "0") == "0":
+        logger.info("no torchvision here: processors load without their video part (these recipes use images only)")
+
+
 def load_processor(path: str, min_pixels: int | None, max_pixels: int | None, trust_remote_code: bool = False):
     """Load the processor of `path` with the recipe's pixel limits; image-only when torchvision is missing.
 
@@ -49,7 +58,10 @@ def load_processor(path: str, min_pixels: int | None, max_pixels: int | None, tr
     except (ImportError, ValueError, TypeError, OSError) as error:
         if not _needs_torchvision(error):
             raise
-        logger.info("Full processor of %s needs torchvision (%s); loading it image-only.", path, error)
+        if is_torchvision_available():  # installed but broken (a CUDA build on a CPU machine): worth a look
+            logger.warning("the full processor of %s failed (%s); loading it image-only", path, error)
+        else:
+            _say_image_only()
         image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         processor_cls = processor_class_from_name(_processor_class_name(path))

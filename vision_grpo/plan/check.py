@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from vision_grpo.plan.build import (
     DEFAULT_EXPECTED_COMPLETION,
@@ -19,7 +17,7 @@ from vision_grpo.plan.build import (
     accelerate_layout,
     build_plan,
 )
-from vision_grpo.plan.parts import GiB, Plan
+from vision_grpo.plan.parts import PLAN_ERROR, GiB, Plan
 from vision_grpo.plan.zero import launched_zero
 from vision_grpo.recipe.arguments import RecipeError
 from vision_grpo.recipe.bounds import bounded_int
@@ -32,7 +30,7 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
     from trl import GRPOConfig, ModelConfig
 
     from vision_grpo.recipe.arguments import TaskArguments
-    from vision_grpo.recipe.parse import parse_recipe
+    from vision_grpo.recipe.parse import parse_recipe, read_recipe, recipe_path_of
 
     own = argparse.ArgumentParser(prog="python -m vision_grpo.plan", add_help=False)
     own.add_argument("--num_processes", type=bounded_int("num_processes"))
@@ -55,7 +53,7 @@ def recipe_plan(argv: list[str]) -> tuple[Plan, argparse.Namespace]:
         (TaskArguments, GRPOConfig, ModelConfig), [*rest, "--use_cpu", "true"]
     )
     processes, zero = accelerate_layout(flags.accelerate_config, flags.num_processes)
-    recipe = yaml.safe_load(Path(rest[rest.index("--config") + 1]).read_text()) if "--config" in rest else {}
+    recipe = read_recipe(recipe_path_of(rest)) if "--config" in rest else {}  # a mapping: parse_recipe read it
     plan = build_plan(
         task_args,
         training_args,
@@ -102,10 +100,20 @@ def check_before_training(task_args: Any, training_args: Any, model_args: Any) -
         return plan
     device = torch.cuda.current_device()
     card = torch.cuda.get_device_properties(device).total_memory
-    if not plan.fits(card):
+    verdict, name = plan.verdict(card), torch.cuda.get_device_name(device)
+    said = f"memory plan: {plan.total(card) / GiB:.1f} GiB expected per GPU, and this GPU ({name}) has {card / GiB:.1f}"
+    how = f"change `{plan.first_key(card)}` first (`python -m vision_grpo.plan --config <recipe>` shows every part)"
+    if verdict == "does not fit":
         raise RecipeError(
-            f"memory plan: {plan.total(card) / GiB:.1f} GiB expected per GPU, but this GPU "
-            f"({torch.cuda.get_device_name(device)}) has {card / GiB:.1f} GiB; change `{plan.first_key(card)}` first "
-            "(`python -m vision_grpo.plan --config <recipe>` shows every part), or set `memory_plan_check: false`"
+            f"{said} GiB: it does not fit even if the plan is {PLAN_ERROR:.0%} high (its measured error on CPU); "
+            f"{how}, or set `memory_plan_check: false` to start anyway"
+        )
+    if verdict == "may not fit":
+        logger.warning(
+            "%s GiB: within the plan's error (+-%d%%, measured on CPU) it may not fit; if it runs out of memory, %s. "
+            "`memory_plan_check: false` skips this check",
+            said,
+            round(PLAN_ERROR * 100),
+            how,
         )
     return plan

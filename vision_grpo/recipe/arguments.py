@@ -161,7 +161,8 @@ class BaseTaskArguments:
     )
     # Memory plan (vision_grpo/plan/), printed at the start of every run.
     memory_plan_check: bool = field(
-        default=True, metadata={"help": "Refuse a run whose memory plan exceeds the GPU present beyond its error (false: skip)."}
+        default=True,
+        metadata={"help": "Refuse a run whose memory plan exceeds the GPU present beyond its error (false: skip)."},
     )
     # Several processes (vision_grpo/run/rank_watch.py).
     rank_stall_timeout: int = field(

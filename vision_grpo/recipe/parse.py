@@ -15,6 +15,7 @@ import math
 import sys
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +88,56 @@ def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode,
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
 
 
+def read_recipe(path: str | Path) -> Any:
+    """A recipe file's YAML content. Every reader of a recipe goes through here, so a `--config` that is missing, a
+    folder or a binary file (a checkpoint or an image passed by mistake) is named in one line, not met as an
+    `IsADirectoryError` or `UnicodeDecodeError` traceback."""
+    path = Path(path)
+    if path.is_dir():
+        inside = sorted(path.glob("*.y*ml"))
+        which = f", e.g. `--config {inside[0]}`" if inside else ""
+        raise RecipeError(f"recipe {path} is a folder, not a recipe file: pass a .yaml file to --config{which}")
+    if not path.is_file():
+        raise RecipeError(f"recipe {path} does not exist: check the path given to --config")
+    data = path.read_bytes()
+    if _looks_binary(data):
+        raise RecipeError(f"recipe {path} is a binary file, not YAML: pass the recipe's .yaml file to --config")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:  # text, in another encoding (Latin-1, cp1252)
+        raise RecipeError(
+            f"recipe {path} is not UTF-8 text (byte {data[error.start]:#04x} at offset {error.start}): save it as UTF-8"
+        ) from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a safe loader
+    except yaml.YAMLError as error:
+        raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
+
+
+def _looks_binary(data: bytes) -> bool:
+    """A NUL byte in the first 8 KiB (git's test: images, archives, weights and pickles have one), or more than 1% of
+    those bytes control characters, which YAML text never holds (PyYAML refuses even one, naming its position)."""
+    head = data[:8192]
+    controls = sum(byte < 0x20 and byte not in b"\t\n\r" or byte == 0x7F for byte in head)
+    return b"\0" in head or controls > len(head) / 100
+
+
+def shown_key(key: Any) -> str:
+    """A key or flag as an error shows it: in backticks, or, when it holds characters that do not show or only look
+    like ASCII (a zero-width space, a non-breaking space, a BOM, a Cyrillic `а`), escaped with those characters
+    named, so that the user sees why `learning_rate` was unknown."""
+    text = str(key)
+    if text.isascii() and text.isprintable():
+        return f"`{text}`"
+    odd = sorted({c for c in text if not (c.isascii() and c.isprintable())})
+    names = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in odd)
+    return f"{ascii(text)} (it holds {names}: retype it)"
+
+
 def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dict[str, Any]:
     """Read a recipe's YAML; fail on keys that none of `config_classes` knows (naming the nearest valid key) and on
     values of the wrong type."""
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"recipe {path} does not exist")
-    try:
-        content = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a safe loader
-    except yaml.YAMLError as error:
-        raise RecipeError(f"recipe {path} is not valid YAML: {error}") from error
+    content = read_recipe(path)
     if not isinstance(content, dict):
         raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(content).__name__}")
     known = _field_types(config_classes)
@@ -104,7 +145,7 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"; did you mean `{near[0]}`?" if near else ""
-            raise RecipeError(f"recipe {path}: unknown key `{key}`{hint}")
+            raise RecipeError(f"recipe {path}: unknown key {shown_key(key)}{hint}")
         if not _matches(value, known[key]):
             expected = known[key].__name__ if isinstance(known[key], type) else known[key]
             raise RecipeError(f"recipe {path}: `{key}: {value!r}` has type {type(value).__name__}, expected {expected}")
@@ -131,7 +172,7 @@ def check_cli_flags(argv: list[str], parser: argparse.ArgumentParser) -> None:
         if flag.startswith("--") and flag not in known:
             near = difflib.get_close_matches(flag, sorted(o for o in known if "-" not in o[2:]), n=1)
             hint = f"; did you mean `{near[0]}`?" if near else "; `--help` lists the keys"
-            raise RecipeError(f"command line: unknown flag `{flag}`{hint}")
+            raise RecipeError(f"command line: unknown flag {shown_key(flag)}{hint}")
 
 
 def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple[Any, ...]:
@@ -183,10 +224,10 @@ def _with_plugin_task_keys(config_classes: tuple[type, ...], argv: list[str]) ->
     if "--task_dirs" in argv:
         following = argv[argv.index("--task_dirs") + 1 :]
         dirs = list(itertools.takewhile(lambda arg: not arg.startswith("--"), following))
-    elif "--config" in argv and Path(recipe_path_of(argv)).is_file():
+    elif "--config" in argv:
         try:
-            recipe = yaml.load(Path(recipe_path_of(argv)).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-        except yaml.YAMLError:
+            recipe = read_recipe(recipe_path_of(argv))
+        except RecipeError:
             return config_classes  # check_recipe_keys reports it, naming the file
         dirs = list(recipe.get("task_dirs") or []) if isinstance(recipe, dict) else []
     if not dirs:
@@ -211,14 +252,15 @@ def _check_reward_weights(parsed: tuple[Any, ...], where: str) -> None:
 
 def _check_lower_bounds(parsed: tuple[Any, ...], where: str) -> None:
     """Every key of the bounds table (vision_grpo/recipe/bounds.py) within its bounds, finite, and no NaN anywhere."""
+    bounded = (*LOWER_BOUNDS, *UPPER_BOUNDS, *ABOVE_ZERO)
     for config in parsed:
         for f in dataclasses.fields(config):
             value = getattr(config, f.name, None)
-            if isinstance(value, float) and not math.isfinite(value) and f.name in (*LOWER_BOUNDS, *ABOVE_ZERO):
+            if isinstance(value, float) and not math.isfinite(value) and f.name in bounded:
                 raise RecipeError(f"{where}: {f.name} must be a finite number, got {value}")
             if isinstance(value, float) and math.isnan(value):
                 raise RecipeError(f"{where}: {f.name} must be a number, got {value}")
-        for key in (*LOWER_BOUNDS, *UPPER_BOUNDS, *ABOVE_ZERO):
+        for key in bounded:
             value = getattr(config, key, None)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and (error := bound_error(key, value)):
                 raise RecipeError(f"{where}: {error}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from vision_grpo.storage.cache_home import vision_grpo_cache
 from vision_grpo.storage.writes import write_text_atomic
 
 
@@ -55,9 +56,9 @@ def _file_stamp(path: Path) -> tuple[int, int, int]:
 
 
 def digest_cache_path() -> Path:
-    """Where content digests are remembered: `$VISION_GRPO_CACHE` or `~/.cache/vision_grpo`, file `digests.json`."""
-    root = os.environ.get("VISION_GRPO_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return Path(root) / "vision_grpo" / "digests.json"
+    """Where content digests are remembered: `digests.json` in our cache (`$VISION_GRPO_CACHE`, else
+    `~/.cache/vision_grpo`)."""
+    return vision_grpo_cache() / "digests.json"
 
 
 def _read_digest_cache() -> dict[str, str]:
