@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import datasets
+from PIL import ImageColor
 
 from vision_grpo.data import prepared, prompts_and_images, shapes
 from vision_grpo.data.prepared import ERROR
@@ -34,6 +35,12 @@ class Options:
     shapes_eval_size: int = field(default=100, metadata={"help": "Held-out images."})
     shapes_train_seed: int = field(default=1, metadata={"help": "Seed of the training images."})
     shapes_eval_seed: int = field(default=2, metadata={"help": "Seed of the held-out images (differs from train)."})
+    # Looks out of the training distribution, for held-out variants (docs/demo.md, Experiment 5).
+    shapes_fill_color: str | None = field(default=None, metadata={"help": "One colour for every shape (a name)."})
+    shapes_size_range: list[int] | None = field(
+        default=None, metadata={"help": "Half-width range of every shape in pixels, `[low, high]`."}
+    )
+    shapes_background: str = field(default="white", metadata={"help": "`white` or `noise` (grey noise)."})
 
 
 FEATURES = datasets.Features(
@@ -56,6 +63,34 @@ def check(task_args: Any) -> None:
         raise ValueError(f"shapes_canvas: {task_args.shapes_canvas}px squared exceeds {MAX_DECODE_PIXELS:,} pixels")
     if not 1 <= task_args.shapes_min_count <= task_args.shapes_max_count:
         raise ValueError("shapes_min_count must be >= 1 and <= shapes_max_count")
+    if task_args.shapes_background not in ("white", "noise"):
+        raise ValueError(f"shapes_background: {task_args.shapes_background!r} is not one of ['white', 'noise']")
+    if task_args.shapes_fill_color is not None:
+        try:
+            ImageColor.getrgb(task_args.shapes_fill_color)
+        except ValueError:
+            raise ValueError(
+                f"shapes_fill_color: {task_args.shapes_fill_color!r} is not a colour Pillow knows (a name such as "
+                "`orange`, or `#rrggbb`)"
+            ) from None
+    if task_args.shapes_size_range is not None:
+        _check_sizes(task_args)
+
+
+def _check_sizes(task_args: Any) -> None:
+    """`shapes_size_range` is [low, high] half-widths that fit the canvas: one shape at all, and without overlap the
+    most shapes an image holds on at most half of it (a layout that cannot be found would fail at its row)."""
+    sizes, canvas = task_args.shapes_size_range, task_args.shapes_canvas
+    if len(sizes) != 2 or not 1 <= sizes[0] <= sizes[1]:
+        raise ValueError(f"shapes_size_range: {sizes} must be [low, high] with 1 <= low <= high (pixels)")
+    side = 2 * sizes[1] + 4  # a shape's box and its gap
+    crowded = task_args.shapes_layout == "single" and task_args.shapes_max_count * side**2 > canvas**2 / 2
+    if side > canvas or crowded:
+        room = "one is wider than" if side > canvas else f"{task_args.shapes_max_count} of them need more than half"
+        raise ValueError(
+            f"shapes_size_range: shapes of half-width up to {sizes[1]}px do not fit: {room} of a {canvas}px canvas "
+            "(shapes_canvas); lower the high end or raise shapes_canvas"
+        )
 
 
 def spec(task_args: Any) -> shapes.ShapeTaskSpec:
@@ -66,6 +101,9 @@ def spec(task_args: Any) -> shapes.ShapeTaskSpec:
         min_count=task_args.shapes_min_count,
         max_count=task_args.shapes_max_count,
         fixed_size=task_args.shapes_fixed_size,
+        fill_color=task_args.shapes_fill_color,
+        size_range=tuple(task_args.shapes_size_range) if task_args.shapes_size_range else None,
+        background=task_args.shapes_background,
     )
 
 

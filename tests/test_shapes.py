@@ -7,14 +7,17 @@ shape's colours are its drawn instances wherever shapes cannot overlap (the `sin
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from PIL import ImageColor
+from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.data.shapes import COLORS, SHAPES, ShapeTaskSpec, make_example, question_for
-from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
+from vision_grpo.recipe.parse import parse_recipe
 
 WHITE = (255, 255, 255)
 
@@ -132,3 +135,41 @@ def test_dataset_rows_carry_consistent_labels() -> None:
         assert row["image"].mode == "RGB"
         assert row["image"].width * row["image"].height <= 100 * 100
     assert {row["id"] for row in train}.isdisjoint(row["id"] for row in held_out)
+
+
+def _pixels(image) -> np.ndarray:
+    return np.asarray(image).reshape(-1, 3)
+
+
+def test_out_of_distribution_looks_change_only_what_they_name() -> None:
+    """Colour and background keep every shape in place (the same layout), so each variant image pairs with its
+    training-like twin; sizes outside the training range draw smaller shapes only."""
+    seed_look = ShapeTaskSpec(layout="single", canvas=168)
+    for index in range(12):
+        plain = _pixels(make_example(seed_look, 2, index).image)
+        shape_at = (plain != 255).any(axis=1)
+        orange = _pixels(make_example(replace(seed_look, fill_color="orange"), 2, index).image)
+        assert ((orange != 255).any(axis=1) == shape_at).all()
+        assert {tuple(p) for p in orange[shape_at]} <= {(255, 165, 0), (140, 90, 0)}  # orange, its outline
+        noisy = _pixels(make_example(replace(seed_look, background="noise"), 2, index).image)
+        assert (noisy[shape_at] == plain[shape_at]).all() and (noisy[~shape_at] != 255).mean() > 0.5
+        small = make_example(replace(seed_look, size_range=(5, 9)), 2, index)
+        assert small.answer == make_example(seed_look, 2, index).answer  # the count is drawn first
+        assert ((_pixels(small.image) != 255).any(axis=1)).sum() <= small.answer * (2 * 9 + 1) ** 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--shapes_fill_color", "blu"], r"shapes_fill_color: 'blu' is not a colour Pillow knows"),
+        (["--shapes_background", "grass"], r"shapes_background: 'grass' is not one of \['white', 'noise'\]"),
+        (["--shapes_size_range", "9", "5"], r"shapes_size_range: \[9, 5\] must be \[low, high\] with 1 <= low"),
+        (["--shapes_size_range", "5"], r"shapes_size_range: \[5\] must be \[low, high\]"),
+        (["--shapes_size_range", "5", "90"], r"half-width up to 90px do not fit: one is wider than .* 168px canvas"),
+        (["--shapes_size_range", "5", "30"], r"up to 30px do not fit: 5 of them need more than half of a 168px"),
+    ],
+)
+def test_a_variant_that_cannot_be_drawn_is_refused_naming_the_key(flags: list[str], said: str) -> None:
+    argv = ["--config", "recipes/shapes/tiny_grpo_perception.yaml", *flags]
+    with pytest.raises(RecipeError, match=said):
+        parse_recipe((TaskArguments, GRPOConfig, ModelConfig), argv)
