@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling bench lint clean
+.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling experiment-generalization bench lint clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,11 @@ experiment-perception: install
 # when finished), held-out accuracy against compute; its section joins results/demo/report.md.
 experiment-dynamic-sampling: install
 	$(PY) -m vision_grpo.demo --experiments dynamic
+
+# Experiment 5 (docs/demo.md): Experiment 3's arms (its runs reused when finished) on held-out sets out of the
+# training distribution; its section joins results/demo/report.md, its PNGs are results/demo/generalization_*.png.
+experiment-generalization: install
+	$(PY) -m vision_grpo.demo --experiments generalization
 
 bench: install
 	$(PY) benchmarks/run_all.py

@@ -36,6 +36,7 @@ from typing import Any
 
 from vision_grpo.demo.curve import compute_curve, curve_table, equal_compute_test, plot_curve
 from vision_grpo.demo.experiments import DEMO_EXPERIMENTS, EXPERIMENTS, QUICK_EVAL, Experiment
+from vision_grpo.demo.generalization import generalization_section
 from vision_grpo.demo.plot import plot
 from vision_grpo.demo.report import report
 from vision_grpo.demo.stages import (
@@ -96,11 +97,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             trained = (train_experiment(e, args, runs_dir, clock) for e in chosen)
         try:
             for experiment, (grpo_run, runs) in zip(chosen, trained, strict=True):
-                models = evaluate_experiment(experiment, runs, args, clock)
-                table, facts[experiment.title] = report(experiment, models)
-                if experiment.compute_curve:
-                    table += "\n\n" + _curve(experiment, runs, models, args, results_dir, clock)
-                results.append((experiment, grpo_run, models))
+                if experiment.held_out_variants:  # its own held-out sets, table and PNGs
+                    section = generalization_section(experiment, runs, results_dir, args.quick, clock)
+                    table, facts[experiment.title] = section
+                else:
+                    models = evaluate_experiment(experiment, runs, args, clock)
+                    table, facts[experiment.title] = report(experiment, models)
+                    if experiment.compute_curve:
+                        table += "\n\n" + _curve(experiment, runs, models, args, results_dir, clock)
+                    results.append((experiment, grpo_run, models))
                 (sections / f"{experiment.key}.md").write_text(table + "\n", encoding="utf-8")
         # A failed stage (run_stage raises SystemExit) or evaluation; Ctrl-C has reached the stages already (one
         # process group), so KeyboardInterrupt is left out.
@@ -109,11 +114,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 process.terminate()
             raise
 
-    png = results_dir / (
-        "demo.png" if args.experiments == list(DEMO_EXPERIMENTS) else f"{'-'.join(args.experiments)}.png"
-    )
-    with clock.stage("report"):
-        plot(results, png)
+    names = [e.key for e in chosen if not e.held_out_variants]  # Experiment 5 draws its own PNGs
+    png = results_dir / ("demo.png" if names == list(DEMO_EXPERIMENTS) else f"{'-'.join(names)}.png") if names else None
+    if png is not None:
+        with clock.stage("report"):
+            plot(results, png)
     wall = time.perf_counter() - start
     peak_gib = (
         max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (results_dir / "report.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"figure: {png}\nresult files: {results_dir}\nTensorBoard: tensorboard --logdir {runs_dir}")
-    return {"experiments": facts, "wall_seconds": wall, "peak_rss_gib": peak_gib, "png": str(png)}
+    return {"experiments": facts, "wall_seconds": wall, "peak_rss_gib": peak_gib, "png": png and str(png)}
 
 
 def _curve(

@@ -60,11 +60,24 @@ class Experiment:
     compute_curve: bool = False
     # A second GRPO arm from the same warm start, in place of the SFT control: its label and its recipe flags.
     variant: tuple[str, tuple[str, ...]] | None = None
+    # Held-out sets the arms are evaluated on instead of the recipe's own (demo/generalization.py): name, flags.
+    held_out_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def focus_count(self) -> int | None:
         """The count the warm start's demonstrations get wrong (its recipe's `sft_mislabel_count`), if any."""
         return yaml.safe_load((REPO / self.sft_recipe).read_text(encoding="utf-8")).get("sft_mislabel_count")
+
+
+# Experiment 5's held-out sets, fixed before any model was evaluated on them (docs/demo.md says why these): the
+# in-distribution set first (the baseline of every drop), then each look the training images never have, with an
+# evaluation seed of its own; n = 300 each, as the recipe's held-out set.
+OUT_OF_DISTRIBUTION = (
+    ("in distribution", ()),
+    ("unseen colour", ("--shapes_fill_color", "orange", "--shapes_eval_seed", "21")),
+    ("small shapes", ("--shapes_size_range", "5", "9", "--shapes_eval_seed", "22")),
+    ("noisy background", ("--shapes_background", "noise", "--shapes_eval_seed", "23")),
+)
 
 
 EXPERIMENTS = (
@@ -101,9 +114,21 @@ EXPERIMENTS = (
         compute_curve=True,
         variant=("GRPO + dynamic sampling", ("--dynamic_sampling_rounds", "3")),
     ),
+    # Experiment 3's arms (reused when finished: the same runs) on held-out sets out of the training distribution.
+    Experiment(
+        "generalization",
+        "Experiment 5: GRPO against SFT out of distribution",
+        "recipes/shapes/tiny_sft_perception.yaml",
+        "-perception",
+        "generalization_",
+        True,
+        grpo_recipe="recipes/shapes/tiny_grpo_perception.yaml",
+        compute_curve=True,
+        held_out_variants=OUT_OF_DISTRIBUTION,
+    ),
 )
 
 
 # `make demo`'s experiments; `make experiment-perception` runs the third (`--experiments perception`),
-# `make experiment-dynamic-sampling` the fourth.
+# `make experiment-dynamic-sampling` the fourth, `make experiment-generalization` the fifth.
 DEMO_EXPERIMENTS = ("format", "biased")
