@@ -110,6 +110,6 @@ def plot_curve(experiment: Experiment, curves: dict[str, list[dict[str, Any]]], 
     axis.set(ylabel="strict accuracy")
     axis.yaxis.set_major_formatter(PercentFormatter(1.0))
     axis.grid(alpha=0.3)
-    axis.legend(loc="lower right")
+    axis.legend(loc="best")  # curves cross anywhere: the spot where they are not
     figure.tight_layout()
     figure.savefig(path, dpi=110)
