@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling experiment-generalization bench lint clean
+.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling experiment-generalization experiment-seeds bench lint clean
 
 install: $(VENV)/.installed
 
@@ -51,6 +51,15 @@ experiment-dynamic-sampling: install
 # training distribution; its section joins results/demo/report.md, its PNGs are results/demo/generalization_*.png.
 experiment-generalization: install
 	$(PY) -m vision_grpo.demo --experiments generalization
+
+# Experiments 3 and 5 over three training seeds (docs/demo.md): 42 is the recipes' own (make experiment-perception's
+# runs, reused when finished), 43 and 44 train their own; two lanes side by side, one core each; then the spread
+# (each arm's mean and range, McNemar per seed), which joins results/demo/report.md.
+SEEDED := -m vision_grpo.demo --experiments perception generalization --jobs 1
+experiment-seeds: install
+	( $(PY) $(SEEDED) && $(PY) $(SEEDED) --seed 44 ) & lane=$$!; \
+	$(PY) $(SEEDED) --seed 43; other=$$?; wait $$lane && test $$other -eq 0
+	$(PY) -m vision_grpo.demo.seeds --seeds 42 43 44
 
 bench: install
 	$(PY) benchmarks/run_all.py

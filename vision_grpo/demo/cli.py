@@ -74,9 +74,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="experiments trained side by side (default: one per core and experiment); 1 runs every stage in turn, "
         "its output on the terminal",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="train every stage with this seed instead of the recipes' (runs, results and report section named by "
+        "it; the held-out images stay the same); `python -m vision_grpo.demo.seeds` then tables the spread",
+    )
     args = parser.parse_args(argv)
     chosen = [e for e in EXPERIMENTS if e.key in args.experiments]
+    if args.seed is not None:
+        chosen = [e.seeded(args.seed) for e in chosen]
     args.jobs = min(args.jobs or usable_cores(), len(chosen))
+    if len({e.run_suffix for e in chosen}) < len(chosen):  # experiments sharing runs: one trains them, the next reuses
+        args.jobs = 1
     start = time.perf_counter()
     runs_dir, results_dir = Path(args.runs_dir).resolve(), Path(args.results_dir).resolve()
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     if experiment.compute_curve:
                         table += "\n\n" + _curve(experiment, runs, models, args, results_dir, clock)
                     results.append((experiment, grpo_run, models))
-                (sections / f"{experiment.key}.md").write_text(table + "\n", encoding="utf-8")
+                (sections / f"{experiment.section}.md").write_text(table + "\n", encoding="utf-8")
         # A failed stage (run_stage raises SystemExit) or evaluation; Ctrl-C has reached the stages already (one
         # process group), so KeyboardInterrupt is left out.
         except (Exception, SystemExit):
@@ -127,17 +138,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"wall time {wall / 60:.1f} min (stages reused are not re-timed; {args.jobs} experiment(s) trained side by "
         f"side); peak RSS of any process {peak_gib:.2f} GiB"
     )
-    # Every experiment run into this folder, in EXPERIMENTS order: this run's and those an earlier command wrote.
-    tables = [
-        (sections / f"{e.key}.md").read_text(encoding="utf-8").rstrip()
-        for e in EXPERIMENTS
-        if (sections / f"{e.key}.md").exists()
-    ]
-    text = "\n\n".join([*tables, clock.table(), footer]) + "\n"
-    (results_dir / "report.md").write_text(text, encoding="utf-8")
+    text = write_report(results_dir, [clock.table(), footer])
     print(text)
     print(f"figure: {png}\nresult files: {results_dir}\nTensorBoard: tensorboard --logdir {runs_dir}")
     return {"experiments": facts, "wall_seconds": wall, "peak_rss_gib": peak_gib, "png": png and str(png)}
+
+
+def write_report(results_dir: Path, after: list[str]) -> str:
+    """`report.md`: every experiment's section in this folder, in EXPERIMENTS order (this command's and those an
+    earlier one wrote; an experiment's seeds and their spread after it), then `after`."""
+    sections = results_dir / "sections"
+    files = [
+        path
+        for e in EXPERIMENTS
+        for path in (sections / f"{e.key}.md", *sorted(sections.glob(f"{e.key}-seed*.md")))
+        if path.exists()
+    ]
+    text = "\n\n".join([*(path.read_text(encoding="utf-8").rstrip() for path in files), *after]) + "\n"
+    (results_dir / "report.md").write_text(text, encoding="utf-8")
+    return text
 
 
 def _curve(

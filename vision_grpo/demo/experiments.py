@@ -5,6 +5,7 @@ optionally the SFT control) and the settings every stage shares; a further exper
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,24 @@ class Experiment:
     variant: tuple[str, tuple[str, ...]] | None = None
     # Held-out sets the arms are evaluated on instead of the recipe's own (demo/generalization.py): name, flags.
     held_out_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Every training stage's seed in place of its recipe's (`--seed` of the demo); None: the recipes' own.
+    seed: int | None = None
+
+    def seeded(self, seed: int) -> Experiment:
+        """This experiment trained with `seed`: its runs, result files and report section named by it, so that
+        seeds side by side share nothing (the held-out images stay the same: each seed's tests are paired)."""
+        return dataclasses.replace(
+            self,
+            title=f"{self.title} (seed {seed})",
+            run_suffix=f"-seed{seed}{self.run_suffix}",
+            results_prefix=f"seed{seed}_{self.results_prefix}",
+            seed=seed,
+        )
+
+    @property
+    def section(self) -> str:
+        """The name of its report section, `<results dir>/sections/<section>.md`."""
+        return self.key if self.seed is None else f"{self.key}-seed{self.seed}"
 
     @property
     def focus_count(self) -> int | None:

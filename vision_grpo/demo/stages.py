@@ -207,7 +207,8 @@ Trained = tuple[Path, Runs]  # the GRPO run, and every model of the experiment
 def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir: Path, clock: StageClock) -> Trained:
     """Train the experiment's models, reusing finished runs: warm start, GRPO from it (and the SFT control)."""
     run_name = args.run_name + experiment.run_suffix
-    quick_sft, quick_grpo = (QUICK_SFT, QUICK_GRPO) if args.quick else ([], [])
+    seed = [] if experiment.seed is None else ["--seed", str(experiment.seed)]
+    sft_flags, grpo_flags = ([*QUICK_SFT, *seed], [*QUICK_GRPO, *seed]) if args.quick else (seed, seed)  # every stage
     logs = Path(args.results_dir).resolve() / "logs"
 
     def log(stage: str) -> Path | None:  # stages side by side write to files, one at a time to the terminal
@@ -215,10 +216,10 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
 
     with clock.stage(f"{experiment.title}: supervised warm start (TRL SFTTrainer)"):
         warm_run = run_stage(
-            "recipes/sft.py", experiment.sft_recipe, runs_dir, run_name, quick_sft, args.fresh, log("sft")
+            "recipes/sft.py", experiment.sft_recipe, runs_dir, run_name, sft_flags, args.fresh, log("sft")
         )
     with clock.stage(f"{experiment.title}: GRPO (TRL GRPOTrainer)"):
-        grpo_extra = ["--model_name_or_path", str(warm_run), *quick_grpo]
+        grpo_extra = ["--model_name_or_path", str(warm_run), *grpo_flags]
         grpo_run = run_stage(
             "recipes/train.py", experiment.grpo_recipe, runs_dir, run_name, grpo_extra, args.fresh, log("grpo")
         )
@@ -231,7 +232,7 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
         label, flags = experiment.variant
         with clock.stage(f"{experiment.title}: {label}, from the same warm start"):
             recipe = yaml.safe_load((REPO / experiment.grpo_recipe).read_text())
-            steps = int(quick_grpo[quick_grpo.index("--max_steps") + 1]) if args.quick else recipe["max_steps"]
+            steps = int(grpo_flags[grpo_flags.index("--max_steps") + 1]) if args.quick else recipe["max_steps"]
             variant_extra = [*grpo_extra, *flags, *curve_checkpoints(steps, VARIANT_POINTS)]
             variant_run = run_stage(
                 "recipes/train.py",
@@ -248,7 +249,7 @@ def train_experiment(experiment: Experiment, args: argparse.Namespace, runs_dir:
             f"{experiment.title}: control, more SFT on the same demonstrations for the GRPO stage's compute"
         ):
             steps = control_steps(warm_run, grpo_run)
-            control_extra = ["--model_name_or_path", str(warm_run), *quick_sft, "--max_steps", str(steps)]
+            control_extra = ["--model_name_or_path", str(warm_run), *sft_flags, "--max_steps", str(steps)]
             if experiment.compute_curve:  # checkpoints along the way, each step's tokens logged (demo/curve.py)
                 control_extra += ["--logging_steps", "1", *curve_checkpoints(steps)]
             control_run = run_stage(
