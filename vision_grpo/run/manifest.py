@@ -113,6 +113,9 @@ def _hardware() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
+        # The vector kernels torch picked for this CPU: runs on CPUs with other ones sum in another order, and their
+        # numbers drift apart over hundreds of steps (benchmarks/determinism.py).
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
 
