@@ -82,6 +82,7 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         self.skipped_completions = 0  # over all processes, in this launch (the manifest records it)
         self.skipped_steps = 0  # steps whose every completion was skipped: no update (the manifest records it)
         self.outage = 0  # such steps in a row, up to the latest generation
+        self.scored_this_step = False  # some completion of this step's generation (any round) scored
         super().__init__(*args, **kwargs)
         self.configure_training_pass(share_prompt_in_training, balance_micro_batches, skip_zero_advantage)
         self.configure_dynamic_sampling(dynamic_sampling_rounds)
@@ -127,9 +128,8 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         """TRL's rewards, with every reward NaN for a completion that a reward's fault skipped (`reward_faults:
         skip`): TRL leaves a completion with no reward out of its group's baseline and gives it advantage 0, where
         one reward's number beside another's skip would still move the policy. The skips are counted over all
-        processes. A step whose every completion was skipped makes no update (`leave_out_during_outages`): its optimizer
-        step is left out, since AdamW's moments and weight decay would still move the weights on zero gradients;
-        `reward_outage_steps` such steps in a row stop the run."""
+        processes (the mask is gathered), and whether any completion was scored is noted for the step's outage
+        count (`_generate_and_score_completions`)."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         refuse_infinite_totals(rewards_per_func, self.reward_weights, self.reward_func_names)
         if not self.skip_reward_faults:  # a fault has already stopped the step: nothing to mask or gather
@@ -142,8 +142,20 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
         count = int(mask.sum())
         self.skipped_completions += count
         self._metrics["train" if self.model.training else "eval"]["rewards/skipped_completions"].append(count)
-        self.outage = self.outage + 1 if mask.all() else 0
-        self._metrics["train" if self.model.training else "eval"]["rewards/skipped_step"].append(float(mask.all()))
+        self.scored_this_step |= not mask.all()
+        rewards_per_func[mask] = torch.nan
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        """A step's generation (with dynamic sampling, every round of it: those call TRL's method directly). Under
+        `reward_faults: skip`, a step none of whose completions any reward scored is an outage step: no update
+        (`leave_out_during_outages`), counted; `reward_outage_steps` of them in a row stop the run."""
+        self.scored_this_step = False
+        batch = super()._generate_and_score_completions(inputs)
+        if not self.skip_reward_faults or not self.model.training:
+            return batch
+        self.outage = 0 if self.scored_this_step else self.outage + 1
+        self._metrics["train"]["rewards/skipped_step"].append(float(self.outage > 0))
         if self.outage >= self.reward_outage_steps or (self.outage and self.is_deepspeed_enabled):
             why = (
                 "DeepSpeed steps its own optimizer, so such a step cannot be left out"
@@ -151,12 +163,11 @@ class VisionGRPOTrainer(DynamicSampling, GroupedTrainingPass, GRPOTrainer):
                 else f"{self.outage} step(s) in a row (reward_outage_steps: {self.reward_outage_steps})"
             )
             raise RewardPluginError(
-                f"a reward's faults skipped every one of a step's {mask.numel()} completions (reward_faults: skip), "
+                "a reward's faults skipped every completion of a step (reward_faults: skip), "
                 f"{why}: the reward looks down; the warnings above name it, its rows and values"
             )
-        self.skipped_steps += int(mask.all())
-        rewards_per_func[mask] = torch.nan
-        return rewards_per_func
+        self.skipped_steps += int(self.outage > 0)
+        return batch
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
