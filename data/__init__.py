@@ -75,12 +75,18 @@ def warn_split_overlap(
     eval_questions = [str(text) for text in eval_raw[question].to_pylist()]
     candidates = [index for index, text in enumerate(eval_questions) if text in by_question]
     train_images, eval_images = train_raw[image], eval_raw[image]
+    train_keys: dict[str, set[tuple[str, ...]]] = {}  # per question, its training rows' images: each hashed once
+
+    def keys_of(text: str) -> set[tuple[str, ...]]:
+        if text not in train_keys:
+            train_keys[text] = {_image_key(train_images[other].as_py()) for other in by_question[text]}
+        return train_keys[text]
+
     eval_ids = eval_raw[id_column].to_pylist() if id_column else list(range(len(eval_questions)))
     shared_pairs = [
         str(eval_ids[index])
         for index in candidates
-        if _image_key(eval_images[index].as_py())
-        in {_image_key(train_images[other].as_py()) for other in by_question[eval_questions[index]]}
+        if _image_key(eval_images[index].as_py()) in keys_of(eval_questions[index])
     ]
     for count, what, examples in (
         (len(shared_ids), "share their id with a training row", shared_ids),
