@@ -15,32 +15,17 @@ import pytest
 import torch
 from conftest import run_script
 from safetensors.torch import load_file
+from test_resume import probe_plugin
 
 from vision_grpo.training.dynamic_sampling import join_rows, live_groups
 
 # Rewards with signal only for prompts whose id hashes odd (about half the groups); every call logged as (step,
 # ids, process) to PROBE_LOG; the process SIGKILLed at step PROBE_KILL_AT_STEP.
-PROBE = '''
-import json
-import os
-import signal
-import zlib
-
-from vision_grpo.rewards import completion_texts, reward
-
-
-@reward("ds_probe")
-def ds_probe(completions, trainer_state, **kwargs):
-    """Test only: signal for about half the prompts; logs each call; SIGKILL at a given step."""
-    with open(os.environ["PROBE_LOG"], "a", encoding="utf-8") as log:
-        record = {"step": trainer_state.global_step, "ids": list(kwargs["id"]), "pid": os.getpid()}
-        record["rank"] = int(os.environ.get("RANK", 0))
-        log.write(json.dumps(record) + "\\n")
-    if trainer_state.global_step == int(os.environ.get("PROBE_KILL_AT_STEP", -1)):
-        os.kill(os.getpid(), signal.SIGKILL)
-    texts = completion_texts(completions)
-    return [float(len(t) % 3 == 0) if zlib.crc32(str(i).encode()) % 2 else 0.3 for t, i in zip(texts, kwargs["id"])]
-'''
+PROBE = probe_plugin(
+    "ds_probe",
+    "[float(len(t) % 3 == 0) if zlib.crc32(str(i).encode()) % 2 else 0.3 for t, i in zip(texts, ids)]",
+    "signal for about half the prompts",
+)
 
 
 def _args(tmp_path: Path, name: str, *flags: str) -> list[str]:

@@ -47,25 +47,36 @@ from vision_grpo.run.resume import TRAINER_STATE, RunConflict, resume_checkpoint
 from vision_grpo.training.trainer import EpochSeededSampler, VisionGRPOTrainer
 
 GUARD = REPO / "tests" / "guard"
-PROBE_PLUGIN = '''
+PROBE_TEMPLATE = '''
 import json
 import os
 import signal
+import zlib
 
 from vision_grpo.rewards import completion_texts, reward
 
 
 @reward()
-def resume_probe(completions, trainer_state, **kwargs):
-    """Test only: log (completed steps, prompt ids, process); SIGKILL this process at a given step; reward variety."""
+def NAME(completions, trainer_state, **kwargs):
+    """Test only: log (completed steps, prompt ids, process); SIGKILL this process at a given step; REWARDS."""
     with open(os.environ["PROBE_LOG"], "a", encoding="utf-8") as log:
         record = {"step": trainer_state.global_step, "ids": list(kwargs["id"]), "pid": os.getpid()}
         record["rank"] = int(os.environ.get("RANK", 0))
         log.write(json.dumps(record) + "\\n")
     if trainer_state.global_step == int(os.environ.get("PROBE_KILL_AT_STEP", -1)):
         os.kill(os.getpid(), signal.SIGKILL)
-    return [len(set(text)) / 10 for text in completion_texts(completions)]
+    texts, ids = completion_texts(completions), kwargs["id"]
+    return EXPRESSION
 '''
+
+
+def probe_plugin(name: str, expression: str, rewards: str) -> str:
+    """The source of a reward plugin `name` that logs every call as (step, ids, process) to PROBE_LOG, kills its
+    process at step PROBE_KILL_AT_STEP, and returns `expression` (over `texts` and `ids`), which gives `rewards`."""
+    return PROBE_TEMPLATE.replace("NAME", name).replace("EXPRESSION", expression).replace("REWARDS", rewards)
+
+
+PROBE_PLUGIN = probe_plugin("resume_probe", "[len(set(text)) / 10 for text in texts]", "reward variety")
 # 4 prompts, 2 per step: an epoch is 2 steps, so 5 steps cross two epoch boundaries.
 TINY = {
     "--shapes_train_size": "4",
