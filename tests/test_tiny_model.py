@@ -101,6 +101,10 @@ def test_each_replica_loads_offline_as_its_family(name: str, processor) -> None:
     assert (folder / "chat_template.jinja").read_text(encoding="utf-8") == template
     for filename in ("processor_config.json", "tokenizer_config.json"):
         assert json.loads((folder / filename).read_text())["processor_class"] == processor_class
+    # The image processor's own file too, as Hub checkpoints ship it: where torchvision is installed, transformers
+    # builds the video processor the saved config lacks from it (vLLM's and lmms-eval's AutoProcessor).
+    nested = json.loads((folder / "processor_config.json").read_text())["image_processor"]
+    assert json.loads((folder / "preprocessor_config.json").read_text())["size"] == nested["size"]
 
 
 @pytest.mark.skipif(is_torchvision_available(), reason="the full processor loads where torchvision is installed")

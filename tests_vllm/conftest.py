@@ -4,7 +4,6 @@ entry points' own processes, so each test module starts as few as it needs."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -43,22 +42,11 @@ WITHOUT_HF_WEIGHTS = "tests_vllm/without_hf_weights.py"
 
 @pytest.fixture(scope="session")
 def replica() -> Path:
-    """The embedded Qwen2.5-VL replica, with the image-processor file Hub checkpoints ship.
-
-    The replica is saved where torchvision is missing, so its `processor_config.json` has no video processor, and
-    vLLM's `AutoProcessor` then fails ("Can't load video processor"). Hub checkpoints (e.g. Qwen2.5-VL-3B) also ship
-    `preprocessor_config.json`, which transformers falls back to for the video processor; we write the same file,
-    and seal the replica again with it (vision_grpo/storage/seals.py): an unsealed file would make every later start
-    rebuild the replica without it.
-    """
+    """The embedded Qwen2.5-VL replica. Saved where torchvision is missing, it ships `preprocessor_config.json` as Hub
+    checkpoints do (vision_grpo/models/processing.py), so vLLM's AutoProcessor loads it with a video processor."""
     from vision_grpo.models.embedded import TINY_MODEL, resolve_model_path
-    from vision_grpo.storage.seals import seal
 
-    path = Path(resolve_model_path(TINY_MODEL))
-    nested = json.loads((path / "processor_config.json").read_text())
-    (path / "preprocessor_config.json").write_text(json.dumps(nested["image_processor"], indent=2))
-    seal(path, model=TINY_MODEL)
-    return path
+    return Path(resolve_model_path(TINY_MODEL))
 
 
 def run_python(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:

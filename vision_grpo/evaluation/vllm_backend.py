@@ -111,10 +111,7 @@ def save_merged(model_args: Any, adapter: str, processor: Any, trust_remote_code
     merged.save_pretrained(folder)
     del merged
     gc.collect()
-    processor.save_pretrained(folder)
-    # The legacy image-processor file too: a processor saved without its video part (no torchvision) is then still
-    # loadable by vLLM's AutoProcessor, which falls back to it for the video processor.
-    processor.image_processor.save_pretrained(folder)
+    processor.save_pretrained(folder)  # loadable by vLLM's AutoProcessor (models/processing.py)
 
 
 class VLLMEvaluator(Evaluator):

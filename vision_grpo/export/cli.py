@@ -179,10 +179,7 @@ def _export(
         with naming_a_full_disk(output, weights):  # a full disk: named, and the staging folder removed below
             model.save_pretrained(staging, max_shard_size=args.max_shard_size)
         crash_point(f"{output.name}: merged weights saved in the staging folder")
-        processor.save_pretrained(staging)
-        # The image processor's own file too, as Hub Qwen-VL checkpoints ship it: a processor saved without its
-        # video part (no torchvision) is then still loadable by vLLM's AutoProcessor, which falls back to it.
-        processor.image_processor.save_pretrained(staging)
+        processor.save_pretrained(staging)  # with `preprocessor_config.json` when image-only (models/processing.py)
         origin = str(adapter) if full else resolve_model_path(model_args.model_name_or_path)
         has_generation_config = copy_generation_config(origin, None if full else model_args.model_revision, staging)
         leftover = peft_names(staging)

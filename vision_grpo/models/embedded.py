@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
+from vision_grpo.models import processing
 from vision_grpo.models.replicas import build
 from vision_grpo.storage.cache_home import vision_grpo_cache
 from vision_grpo.storage.seals import seal, seal_fault, seal_path
@@ -66,12 +67,13 @@ def resolve_model_path(name: str) -> str:
 
 @functools.cache
 def _builder_version() -> str:
-    """A digest of the replica builders' source (every file of vision_grpo/models/replicas/) and the transformers
-    version: a cached replica built by other code is never reused, so changing a builder (or upgrading transformers)
-    rebuilds instead of loading stale files."""
+    """A digest of the replica builders' source (every file of vision_grpo/models/replicas/, and
+    vision_grpo/models/processing.py, whose processor class they save with) and the transformers version: a cached
+    replica built by other code is never reused, so changing a builder (or upgrading transformers) rebuilds instead
+    of loading stale files."""
     import transformers
 
-    sources = sorted(Path(build.__file__).parent.glob("*.py"))
+    sources = [*sorted(Path(build.__file__).parent.glob("*.py")), Path(processing.__file__)]
     source = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in sources)
     return hashlib.sha256(source + transformers.__version__.encode()).hexdigest()[:10]
 

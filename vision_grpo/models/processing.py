@@ -25,14 +25,23 @@ logger = logging.getLogger(__name__)
 def image_only_processor_class(processor_cls: type[ProcessorMixin]) -> type[ProcessorMixin]:
     """A subclass of `processor_cls` whose constructor takes no video processor.
 
-    The subclass keeps the parent's name so that what `save_pretrained` writes stays a standard processor config:
-    a machine with torchvision loads it back as the full processor.
+    The subclass keeps the parent's name so that what `save_pretrained` writes stays a standard processor config,
+    and it saves the image processor's own `preprocessor_config.json` too, as Hub Qwen-VL checkpoints ship it: on a
+    machine with torchvision, transformers builds the missing video processor from that file, so AutoProcessor
+    (vLLM's, lmms-eval's) loads what we saved (replicas, checkpoints, exports) back as the full processor. Without
+    it that load fails: "Can't load video processor".
     """
 
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         processor_cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
-    return type(processor_cls.__name__, (processor_cls,), {"__init__": __init__, "__module__": __name__})
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        saved = processor_cls.save_pretrained(self, save_directory, *args, **kwargs)
+        self.image_processor.save_pretrained(save_directory)
+        return saved
+
+    namespace = {"__init__": __init__, "save_pretrained": save_pretrained, "__module__": __name__}
+    return type(processor_cls.__name__, (processor_cls,), namespace)
 
 
 def _needs_torchvision(error: Exception) -> bool:
