@@ -203,3 +203,22 @@ def test_vision_tower_lora_is_merged_by_export_and_refused_by_vllm_unmerged(tmp_
 def test_language_model_lora_is_served_by_vllm_unmerged(qwen2_5_run: Path) -> None:
     rank = json.loads((qwen2_5_run / "adapter_config.json").read_text())["r"]
     assert check_vllm_lora(qwen2_5_run) >= rank
+
+
+def test_an_sft_run_is_exported_with_its_own_trainer_config_and_card(tmp_path: Path) -> None:
+    """recipes/sft.py's run folder: its recipe holds SFTConfig keys GRPOConfig refuses (`max_length`); the export
+    reads them with the trainer's config the manifest names, and the card tells an SFT run (no rewards, its command)."""
+    run_dir = lora_run(tmp_path / "run", FAMILY_MODELS[0], RECIPE)
+    recipe = {**yaml.safe_load((run_dir / "recipe.yaml").read_text()), "max_length": None}
+    for grpo_only in ("num_generations", "max_completion_length", "temperature", "beta", "reward_weights"):
+        recipe.pop(grpo_only, None)
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "trainer": "SFTTrainer"}))
+    output = tmp_path / "exported"
+    export_cli.main(["--adapter", str(run_dir), "--output", str(output)])
+
+    card = ModelCard.load(output / "README.md")
+    assert "sft" in card.data.tags and "grpo" not in card.data.tags
+    assert card.data.to_dict()["rewards"] == {} and "none (supervised)" in card.text
+    assert "python recipes/sft.py --config" in card.text

@@ -11,8 +11,9 @@ is re-saved the same way. The model, processor and chat template come from the r
 unless `--config` names one; other recipe keys can be overridden on the command line), so the exported processor resizes
 images with the pixel limits training used. The folder holds what a Hub Qwen-VL checkpoint holds: sharded safetensors,
 config.json, the base's `generation_config.json` byte for byte (none when the base has none, as Qwen3.5 ships none; a
-full fine-tuned run's own), the processor and tokenizer files with the chat template, `preprocessor_config.json` (vLLM's
-processor falls back to it for the video processor when torchvision is missing), and a model card (README.md).
+full fine-tuned run's own), the processor and tokenizer files with the chat template (and `preprocessor_config.json`
+where torchvision is missing: vision_grpo/models/processing.py), and a model card (README.md). An SFT run
+(recipes/sft.py) exports too: its recipe is read with the trainer's config its manifest names.
 
 The folder is written under a temporary name beside `--output` and renamed at the end, so `--output` never holds
 half an export; missing folders above it are made (and removed again if the export fails). `--push_to_hub <repo>`
@@ -24,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import shutil
 import sys
 from pathlib import Path
 
 from transformers.utils import cached_file
-from trl import GRPOConfig, ModelConfig
+from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.evaluation.adapters import AdapterMismatch, check_adapter_dir, load_verified_adapter
 from vision_grpo.export.checks import (
@@ -48,7 +50,7 @@ from vision_grpo.export.checks import (
     shard_size,
     vision_lora_modules,
 )
-from vision_grpo.export.model_card import write_model_card
+from vision_grpo.export.model_card import SFT_TRAINER, write_model_card
 from vision_grpo.export.staging import (
     make_staging,
     marker_of,
@@ -80,6 +82,14 @@ def copy_generation_config(base: str, revision: str | None, output: Path) -> boo
     if source:
         shutil.copyfile(source, output / GENERATION_CONFIG)
     return source is not None
+
+
+def trainer_config(run_dir: Path) -> type:
+    """The config class of the trainer that wrote `run_dir` (its manifest's `trainer`): an SFT run's recipe holds
+    SFTConfig keys (`max_length`, ...) that GRPOConfig does not know."""
+    manifest = run_dir / "manifest.json"
+    trainer = json.loads(manifest.read_text()).get("trainer") if manifest.is_file() else None
+    return SFTConfig if trainer == SFT_TRAINER else GRPOConfig
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPOConfig, ModelConfig]:
@@ -121,7 +131,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPO
     if not Path(config).exists():
         raise ExportError(f"{adapter} has no recipe.yaml beside it: pass --config with the recipe it was trained with")
     task_args, train_args, model_args = parse_recipe(
-        (TaskArguments, GRPOConfig, ModelConfig), ["--config", config, *recipe_argv, *PARSE_ONLY]
+        (TaskArguments, trainer_config(run_folder_of(adapter)), ModelConfig),
+        ["--config", config, *recipe_argv, *PARSE_ONLY],
     )
     args.config = config
     return args, task_args, train_args, model_args

@@ -19,6 +19,8 @@ from huggingface_hub import ModelCard, ModelCardData
 from vision_grpo.evaluation.adapters import MERGED_ADAPTER, MERGED_ADAPTER_WEIGHTS, adapter_digest
 from vision_grpo.run.files import content_digest
 
+SFT_TRAINER = "SFTTrainer"  # the manifest's `trainer` of a recipes/sft.py run
+
 TEMPLATE = """---
 {{ card_data }}
 ---
@@ -120,17 +122,22 @@ def write_model_card(
 ) -> Path:
     """Write `folder/README.md` and return its path."""
     manifest = manifest or {}
-    weights = train_args.reward_weights or [1.0] * len(task_args.reward_funcs)
-    rewards = dict(zip(task_args.reward_funcs, weights, strict=True))
+    supervised = manifest.get("trainer") == SFT_TRAINER
+    if supervised:  # an SFT run trains on target answers: no reward took part
+        rewards = {}
+    else:
+        weights = train_args.reward_weights or [1.0] * len(task_args.reward_funcs)
+        rewards = dict(zip(task_args.reward_funcs, weights, strict=True))
     steps = training_steps(adapter, run_dir, manifest)
     train_argv = manifest.get("argv")
-    train_command = "python recipes/train.py " + shlex.join(train_argv) if train_argv is not None else "(not recorded)"
+    entry = "recipes/sft.py" if supervised else "recipes/train.py"
+    train_command = f"python {entry} " + shlex.join(train_argv) if train_argv is not None else "(not recorded)"
     evaluation = eval_summary(eval_path, eval_result) if eval_result is not None else None
     card_data = ModelCardData(
         base_model=model_args.model_name_or_path,
         library_name="transformers",
         pipeline_tag="image-text-to-text",
-        tags=["vision-grpo-recipes", "grpo", "full-fine-tune" if full else "lora-merged"],
+        tags=["vision-grpo-recipes", "sft" if supervised else "grpo", "full-fine-tune" if full else "lora-merged"],
         base_model_revision=model_args.model_revision,
         base_model_weights=base_identity or manifest.get("model_weights"),
         recipe=manifest.get("recipe") or str(recipe),
@@ -165,7 +172,7 @@ def write_model_card(
         recipe_sha256=card_data.recipe_sha256,
         dataset=json.dumps(manifest.get("dataset"), default=str),
         steps=steps if steps is not None else "not recorded",
-        rewards=", ".join(f"`{name}` ({weight})" for name, weight in rewards.items()),
+        rewards=", ".join(f"`{name}` ({weight})" for name, weight in rewards.items()) or "none (supervised)",
         commit=card_data.git_commit or "not recorded",
         train_command=train_command,
         export_command="python -m vision_grpo.export " + shlex.join(export_argv),
