@@ -34,7 +34,7 @@ RECIPE_SCRIPTS = {
     "eval/evaluate.py": (TaskArguments, GRPOConfig, ModelConfig, EvalArguments),
 }
 # Commands that are not ours (or need a GPU server) are only listed, so that a new kind of command fails the test.
-OTHER_PROGRAMS = {"tensorboard", "mkdir", "trl", "pip", "source", "export", "vllm", "curl"}
+OTHER_PROGRAMS = {"tensorboard", "mkdir", "trl", "pip", "source", "export", "vllm", "curl", "lmms-eval"}
 PYTHONS = {"python", "python3", ".venv/bin/python"}
 # GPU recipes set `bf16: true`, which TrainingArguments refuses on a machine without a GPU.
 CPU_OVERRIDES = ["--bf16", "false", "--use_cpu", "true"]

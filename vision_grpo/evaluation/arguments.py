@@ -45,6 +45,13 @@ class EvalArguments:
         default="hf",
         metadata={"help": "`hf` (transformers generate) or `vllm` (needs vLLM): the same prompts, records, summary."},
     )
+    write_held_out: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write the held-out rows for lmms-eval (and a VLMEvalKit TSV for GeoQA) into this folder and "
+            "stop; no model is loaded (docs/evaluation.md)."
+        },
+    )
     tensor_parallel_size: int = field(
         default=1,
         metadata={

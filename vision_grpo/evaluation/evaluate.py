@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     task_args, train_args, model_args, eval_args = parse_recipe(
         (TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv
     )
+    if eval_args.write_held_out:
+        from vision_grpo.evaluation.outside_evaluators import write_held_out  # pyarrow writer, only for this
+
+        folder = Path(eval_args.write_held_out)
+        return {"summary": write_held_out(folder, task_args, train_args, model_args, eval_args)}
     # Fail on paths, the output's owner and a resume's settings before the (possibly large) model is loaded.
     output = Path(eval_args.output)
     if not output.parent.is_dir():
