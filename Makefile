@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm demo experiment-perception experiment-dynamic-sampling experiment-generalization experiment-seeds bench lint clean
+.PHONY: install test test-fast test-vllm test-integrations test-lmms-eval test-trackers demo experiment-perception experiment-dynamic-sampling experiment-generalization experiment-seeds bench lint clean
 
 install: $(VENV)/.installed
 
@@ -75,6 +75,25 @@ $(VLLM_VENV)/.installed: pyproject.toml tests_vllm/make_env.sh tests_vllm/patch_
 # Two workers, a test file each (its module fixtures train and export once): each worker has its own caches.
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest tests_vllm -p no:cacheprovider -n 2 --dist loadfile
+
+# Tests against the field's tools outside TRL (tests_integrations/): lmms-eval scoring our held-out sets, and the
+# SwanLab / Trackio trackers; their own venv, never mixed into .venv (tests_integrations/make_env.sh says why).
+INTEGRATIONS_VENV ?= .venv-integrations
+INTEGRATIONS := $(INTEGRATIONS_VENV)/bin/python -m pytest -p no:cacheprovider
+
+$(INTEGRATIONS_VENV)/.installed: pyproject.toml tests_integrations/make_env.sh tests_vllm/patch_torchvision.py
+	PYTHON=$(PYTHON) tests_integrations/make_env.sh $(INTEGRATIONS_VENV)
+	touch $@
+
+# Two workers; the tests of one model family share a worker (their module fixture trains once).
+test-integrations: $(INTEGRATIONS_VENV)/.installed
+	$(INTEGRATIONS) tests_integrations -n 2 --dist loadgroup
+
+test-lmms-eval: $(INTEGRATIONS_VENV)/.installed
+	$(INTEGRATIONS) tests_integrations/test_lmms_eval.py -n 2 --dist loadgroup
+
+test-trackers: $(INTEGRATIONS_VENV)/.installed
+	$(INTEGRATIONS) tests_integrations/test_trackers.py
 
 # ruff, then the package's layers (import-linter, the contracts in pyproject.toml; see .ci/lint_imports.py).
 lint: install
