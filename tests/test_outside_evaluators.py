@@ -19,9 +19,10 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
+from vision_grpo.data.vqa_fixtures import write_fixtures as write_vqa_fixtures
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.arguments import EvalArguments
-from vision_grpo.evaluation.outside_evaluators import LMMS_EVAL_TASKS, doc_to_messages, doc_to_text, process_results
+from vision_grpo.evaluation.outside_evaluators import LMMS_EVAL_TASK, doc_to_messages, doc_to_text, process_results
 from vision_grpo.models.loading import get_processor, max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
@@ -50,7 +51,7 @@ def test_the_written_rows_are_the_rows_the_evaluator_reads(tmp_path: Path) -> No
         assert (written["answer"], written["shape"]) == (row["answer"], row["shape"])
         assert np.array_equal(np.asarray(written["image"]), np.asarray(row["image"]))  # PNG: lossless
     binding = yaml.safe_load(Path(summary["lmms_eval_task"]).read_text())
-    assert binding["include"] == str(LMMS_EVAL_TASKS / "shapes.yaml") and binding["task"] == "vision_grpo_shapes"
+    assert binding["include"] == str(LMMS_EVAL_TASK) and binding["task"] == "vision_grpo_shapes"
     assert binding["dataset_kwargs"]["data_files"]["test"] == str((tmp_path / "shapes" / "rows.parquet").resolve())
     assert binding["generation_kwargs"]["max_new_tokens"] == 17
     assert "--model qwen2_5_vl " in summary["lmms_eval_command"]
@@ -101,10 +102,23 @@ def test_a_family_lmms_eval_has_no_class_for_is_refused_before_writing(tmp_path:
     assert not (tmp_path / "out" / "rows.parquet").exists()
 
 
-def test_the_shipped_tasks_name_functions_the_utils_module_has() -> None:
-    utils = (LMMS_EVAL_TASKS / "utils.py").read_text()
-    for task in ("geoqa", "shapes"):
-        text = (LMMS_EVAL_TASKS / f"{task}.yaml").read_text()
-        for name in ("doc_to_messages", "doc_to_visual", "doc_to_text", "process_results"):
-            assert f"!function utils.{name}" in text and name in utils
-        assert "dataset_path: parquet" in text
+def test_the_shipped_task_names_functions_the_utils_module_has() -> None:
+    utils = (LMMS_EVAL_TASK.parent / "utils.py").read_text()
+    text = LMMS_EVAL_TASK.read_text()
+    for name in ("doc_to_messages", "doc_to_visual", "doc_to_text", "process_results"):
+        assert f"!function utils.{name}" in text and name in utils
+    assert "dataset_path: parquet" in text
+
+
+def test_two_image_vqa_rows_keep_both_images_in_their_slots(tmp_path: Path) -> None:
+    """A multi-image task (the generic VQA task's two-image fixture): an `images` column, one image per slot."""
+    write_vqa_fixtures(tmp_path / "vqa")
+    argv = ["--config", "recipes/vqa/tiny_two_image.yaml", "--dataset_name", str(tmp_path / "vqa" / "two_image")]
+    evaluate.main([*argv, "--limit", "3", "--write_held_out", str(tmp_path / "out")])
+    rows, ours = written_rows(tmp_path / "out"), evaluated_rows(argv)
+    doc, row = rows[0], ours[0]
+    assert len(doc["images"]) == 2 and doc["prompt"] == row["prompt"]
+    for written, image in zip(doc["images"], row["images"], strict=True):
+        assert np.array_equal(np.asarray(written), np.asarray(image))
+    shown = [part["url"] for part in doc_to_messages(doc)[0]["content"] if part["type"] == "image"]
+    assert [np.asarray(image).tobytes() for image in shown] == [np.asarray(image).tobytes() for image in row["images"]]

@@ -33,8 +33,9 @@ from vision_grpo.models.loading import get_processor, max_pixels_of
 from vision_grpo.plugins.tasks import get_task
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS
 
-# The task definitions users point lmms-eval at (through the YAML written beside the rows, which includes one).
-LMMS_EVAL_TASKS = Path(__file__).resolve().parents[2] / "eval" / "lmms_eval_tasks"
+# The task definition lmms-eval reads through the YAML written beside the rows, which includes it; one for every task
+# (its functions dispatch on the rows' `task` column).
+LMMS_EVAL_TASK = Path(__file__).resolve().parents[2] / "eval" / "lmms_eval_tasks" / "vision_grpo.yaml"
 # lmms-eval 0.7's model class for each family (by `model_type`); those in THINKING_SWITCH take `enable_thinking`.
 LMMS_EVAL_MODELS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5"}
 THINKING_SWITCH = {"qwen3_vl", "qwen3_5"}
@@ -91,11 +92,8 @@ def write_rows(dataset: datasets.Dataset, task: str, path: Path) -> int:
 
 def write_task_yaml(folder: Path, task: str, max_new_tokens: int) -> Path:
     """`folder/vision_grpo_<task>.yaml`: the shipped task with these rows and the recipe's generation length."""
-    shipped = LMMS_EVAL_TASKS / f"{task}.yaml"
-    if not shipped.is_file():
-        raise FileNotFoundError(f"no lmms-eval task for `{task}` in {LMMS_EVAL_TASKS} (there are: geoqa, shapes)")
     binding = {
-        "include": str(shipped),
+        "include": str(LMMS_EVAL_TASK),
         "task": f"vision_grpo_{task}",
         "dataset_kwargs": {"data_files": {"test": str((folder / ROWS_FILE).resolve())}},
         "generation_kwargs": {"max_new_tokens": max_new_tokens, "temperature": 0, "do_sample": False, "num_beams": 1},
@@ -132,6 +130,8 @@ def write_held_out(folder: Path, task_args: Any, train_args: Any, model_args: An
     Returns what was written and the lmms-eval command that evaluates the recipe's model on them with the pixel
     limits and generation length of `eval/evaluate.py`.
     """
+    if not LMMS_EVAL_TASK.is_file():  # the package installed without its repository
+        raise FileNotFoundError(f"{LMMS_EVAL_TASK} is missing: write held-out sets from a clone of the repository")
     folder.mkdir(parents=True, exist_ok=True)
     processor = get_processor(model_args, task_args, train_args.trust_remote_code)
     model, arguments = lmms_eval_model(model_args, processor, train_args)  # an unknown family fails before writing
