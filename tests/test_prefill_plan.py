@@ -54,7 +54,7 @@ def test_prefill_term_matches_the_peak_of_a_real_width_prefill(
         ids = torch.zeros(batch, prompt, dtype=torch.long)
         with live:
             baseline = live.start()
-            cache = language_model(input_ids=ids, use_cache=True).past_key_values
+            cache = language_model(input_ids=ids, use_cache=True).cache
     measured = live.peak - baseline
     del cache
 

@@ -78,7 +78,7 @@ def test_the_decode_cache_holds_each_prompt_once_and_samples_the_same(name: str)
         share_prefill(model, share_cache=share)
         torch.manual_seed(1)
         out = model.generate(**inputs, **SAMPLING, return_dict_in_generate=True)
-        layers = [layer for layer in out.past_key_values.layers if hasattr(layer, "keys") and layer.keys is not None]
+        layers = [layer for layer in out.cache.layers if hasattr(layer, "keys") and layer.keys is not None]
         stored = sum(t.numel() for layer in layers for t in vars(layer).values() if isinstance(t, torch.Tensor))
         return out.sequences, stored, len(layers)
 

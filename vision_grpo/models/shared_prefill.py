@@ -266,9 +266,9 @@ class SharedPrefillGenerate:
         if owner.rope_deltas is None:
             raise CannotShare("the prefill left no rope deltas")
         rows = rows.to(distinct["input_ids"].device)
-        copy_cache_rows(output.past_key_values, rows, self.share_cache)
+        copy_cache_rows(output.cache, rows, self.share_cache)
         owner.rope_deltas = owner.rope_deltas[rows]
-        return output.past_key_values
+        return output.cache
 
 
 def share_prefill(model: Any, share_cache: bool = True) -> SharedPrefillGenerate:
