@@ -16,7 +16,7 @@ export DS_BUILD_OPS := 0
 # thread spins waiting for the other and the tiny recipes ran 10-100x slower (benchmarks/memory_scaling.py).
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install test test-fast test-vllm test-integrations test-lmms-eval test-trackers demo experiment-perception experiment-dynamic-sampling experiment-generalization experiment-seeds bench lint clean
+.PHONY: install size test test-fast test-vllm test-integrations test-lmms-eval test-trackers demo experiment-perception experiment-dynamic-sampling experiment-generalization experiment-seeds bench lint clean
 
 install: $(VENV)/.installed
 
@@ -98,6 +98,14 @@ test-trackers: $(INTEGRATIONS_VENV)/.installed
 # ruff, then the package's layers (import-linter, the contracts in pyproject.toml; see .ci/lint_imports.py).
 lint: install
 	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) .ci/lint_imports.py
+
+# The house's size: non-test Python lines by package (vision_grpo's sub-packages apart), then the tests'.
+SIZED := vision_grpo data rewards recipes eval benchmarks
+size:
+	@find $(SIZED) -name '*.py' -print0 | xargs -0 wc -l | grep -v ' total$$' | awk '{ split($$2, p, "/"); \
+	  key = (p[1] == "vision_grpo" && p[3] != "") ? p[1] "/" p[2] : p[1]; n[key] += $$1; t += $$1 } \
+	  END { for (k in n) printf "%6d  %s\n", n[k], k; printf "%6d  non-test Python\n", t }' | sort -n
+	@find tests tests_vllm tests_integrations -name '*.py' -print0 | xargs -0 cat | wc -l | xargs printf '%6d  tests\n'
 
 clean:
 	rm -rf runs results .pytest_cache .ruff_cache
