@@ -1,5 +1,5 @@
 """What a container check finds of a damaged image, against what only decoding finds: the reason the checking pass
-under `skip_bad_rows` decodes WebP bitstreams (docs/datasets.md, item 8).
+under `skip_bad_rows` decodes WebP bitstreams (docs/datasets.md, item 6).
 
     python benchmarks/image_damage.py [--damages 200] [--format WEBP] [--width 1280 --height 960]
 

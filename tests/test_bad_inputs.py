@@ -1,5 +1,5 @@
 """Bad input: every case fails with an error that names the culprit (file, key, row id, plugin), and a run that
-fails before training writes nothing. docs/bad_inputs.md lists every case with the message a user sees and its test;
+fails before training writes nothing. docs/bad_inputs.md lists the cases a user meets, with the message and the test;
 many cases live with the code they test (test_recipes.py, test_geoqa_data.py, test_prompts_and_images.py,
 test_reward_registry.py, test_counting_rewards.py, test_evaluate.py, test_compare.py) and are not repeated here.
 """

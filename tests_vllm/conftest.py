@@ -31,7 +31,7 @@ os.environ.update(
         # kernels with inductor (the same ops, so the same greedy tokens; a GPU run compiles for CUDA anyway).
         "VLLM_CPU_CI_ENV": "1",
         # The engine core in the entry point's own process, as TRL's colocate mode runs it, instead of a second
-        # process that imports torch and vLLM again. Together about halve each engine start here (docs/performance.md).
+        # process that imports torch and vLLM again. Together they shorten each engine start.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
 )

@@ -7,7 +7,7 @@
   vLLM), bypassing `VisionPromptEngine`: the corrupted run the logprob-gap guard must stop.
 - `--vllm-dtype float32` (or another dtype) starts TRL's colocated engine in that dtype. TRL passes none, so vLLM's
   `auto` applies, which runs a float32 checkpoint (the replicas) in the platform's 16-bit type (bf16 here): the flag
-  separates bf16 numerics from the rest of the logprob gap (docs/evaluation.md).
+  separates bf16 numerics from the rest of the logprob gap (docs/scaling.md).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ MIN_PIXELS, MAX_PIXELS = 40000, 50176
 SERVER_PIXELS = {"size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}}
 RECIPE_PIXELS = ["--min_pixels", str(MIN_PIXELS), "--max_pixels", str(MAX_PIXELS)]
 BATCH, G = 8, 4  # the recipe's per_device_train_batch_size and num_generations: 2 prompts x 4 completions
-# Float32 server vs the float32 trainer-side policy, both from the replica's weights: the largest per-token logprob
-# difference measured is given in docs/scaling.md; a wrong prompt, image or position moves them far more.
+# Float32 server vs the float32 trainer-side policy, both from the replica's weights: per-token logprobs agree within
+# this bound; a wrong prompt, image or position moves them far more.
 TOLERANCE = 1e-4
 START_TIMEOUT = 600  # seconds; a start takes 40-90 s on the 2-core machine, longer beside another test module
 

@@ -4,7 +4,7 @@ LoRA on the vision tower only (merged by TRL, loaded through `VisionVLLMGenerati
 
 The engine runs in float32 here (TRL would start it in bf16, vLLM's `auto` for a float32 checkpoint), so that the
 tolerance is float round-off between two implementations of the same model, not bf16 rounding that could hide a step
-of LoRA's size (docs/scaling.md has the figures)."""
+of LoRA's size (docs/scaling.md gives the bound)."""
 
 from __future__ import annotations
 
