@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,6 +75,21 @@ def test_command_line_flags_override_the_recipe(tmp_path: Path) -> None:
 def test_an_unknown_key_fails_with_the_nearest_key(tmp_path: Path) -> None:
     path = write_recipe(tmp_path, learning_rat=1e-4)
     with pytest.raises(RecipeError, match="unknown key `learning_rat`; did you mean `learning_rate`"):
+        parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+
+
+def test_trls_env_block_sets_its_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's recipe format: `env:` maps environment variables to values, set while the recipe is parsed."""
+    monkeypatch.delenv("VISION_GRPO_RECIPE_ENV", raising=False)
+    path = write_recipe(tmp_path, env={"VISION_GRPO_RECIPE_ENV": 7})
+    parse_recipe(GRPO_CLASSES, ["--config", str(path)])
+    assert os.environ["VISION_GRPO_RECIPE_ENV"] == "7"
+
+
+@pytest.mark.parametrize("env", [["HF_HUB_OFFLINE=1"], {"HF_HUB_OFFLINE": [1]}, "HF_HUB_OFFLINE=1"])
+def test_an_env_block_that_is_not_a_mapping_of_values_is_refused(tmp_path: Path, env) -> None:
+    path = write_recipe(tmp_path, env=env)
+    with pytest.raises(RecipeError, match="`env` must map variable names to values"):
         parse_recipe(GRPO_CLASSES, ["--config", str(path)])
 
 

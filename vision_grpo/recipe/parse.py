@@ -142,6 +142,9 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
         raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(content).__name__}")
     known = _field_types(config_classes)
     for key, value in content.items():
+        if key == "env":  # TRL's block of environment variables, which TrlParser sets before building the configs
+            _check_env_block(path, value)
+            continue
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f"; did you mean `{near[0]}`?" if near else ""
@@ -150,6 +153,15 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
             expected = known[key].__name__ if isinstance(known[key], type) else known[key]
             raise RecipeError(f"recipe {path}: `{key}: {value!r}` has type {type(value).__name__}, expected {expected}")
     return content
+
+
+def _check_env_block(path: str | Path, value: Any) -> None:
+    """TRL's `env:` mapping: variable names to scalar values (TrlParser sets each with `str(value)`)."""
+    scalars = (str, int, float, bool)
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, scalars) for k, v in value.items()):
+        raise RecipeError(
+            f"recipe {path}: `env` must map variable names to values (`env: {{HF_HUB_OFFLINE: 1}}`), got {value!r}"
+        )
 
 
 class _RecipeParser(TrlParser):
