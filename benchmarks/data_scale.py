@@ -100,9 +100,9 @@ def rss():
 from trl import GRPOConfig, ModelConfig
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
-from vision_grpo.data import get_dataset, prepared
+from vision_grpo.data import get_dataset, reading
 if sys.argv[3] == "unreleased":
-    prepared._ReleasingReads.__call__ = lambda self, batch: self.decode(batch)
+    reading._ReleasingReads.__call__ = lambda self, batch: self.decode(batch)
 args = parse_recipe((TaskArguments, GRPOConfig, ModelConfig), sys.argv[4:])[0]
 rows = get_dataset(args, "train", int(sys.argv[1]))
 torch.manual_seed(0)

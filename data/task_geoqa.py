@@ -14,7 +14,7 @@ from typing import Any
 
 import datasets
 
-from vision_grpo.data import geoqa, prepared, prompts_and_images, report_unused
+from vision_grpo.data import geoqa, prepared, prompts_and_images, reading, report_unused
 from vision_grpo.data.prepared import ERROR
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS, parse_boxed_option
@@ -89,7 +89,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     if bad:
         report_unused(split, "invalid, skipped (skip_bad_rows)", len(bad), [row_id for row_id, _ in bad])
         logger.warning("GeoQA %s: skipped %d invalid row(s) of %d", split, len(bad), len(rows))
-    return prepared.decode_on_access(checked, functools.partial(_decode, max_pixels=max_pixels))
+    return reading.decode_on_access(checked, functools.partial(_decode, max_pixels=max_pixels))
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import datasets
 from PIL import ImageColor
 
-from vision_grpo.data import prepared, prompts_and_images, shapes
+from vision_grpo.data import prepared, prompts_and_images, reading, shapes
 from vision_grpo.data.prepared import ERROR
 from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS, PROMPT_FEATURE, make_example, normalize_image
 from vision_grpo.rewards.counting import boxed_integer, final_answer
@@ -149,7 +149,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         f"shapes {split} ({size} drawn)",
         source_key=f"shapes:{size}",
     )
-    return prepared.decode_on_access(rows, functools.partial(_draw, **deciding))
+    return reading.decode_on_access(rows, functools.partial(_draw, **deciding))
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

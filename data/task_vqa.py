@@ -29,7 +29,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from vision_grpo.data import hub, prepared, prompts_and_images, report_unused, warn_split_overlap
+from vision_grpo.data import hub, prepared, prompts_and_images, reading, report_unused, warn_split_overlap
 from vision_grpo.data.prepared import ERROR, SIZES
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
 from vision_grpo.rewards import vqa as vqa_rewards
@@ -78,7 +78,7 @@ class VQADataError(ValueError):
     """A VQA source or row that cannot be used as configured."""
 
 
-class ImageUnreadable(VQADataError, prepared.UnreadableRow):
+class ImageUnreadable(VQADataError, reading.UnreadableRow):
     """A row whose image passed the pass's container check and does not decode when read."""
 
 
@@ -427,7 +427,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         return datasets.Dataset.from_dict({"id": []})
     _refuse_repeated_ids(rows, where)
     decode = functools.partial(_decode, column=target, folder=task_args.vqa_image_folder, max_pixels=max_pixels)
-    return prepared.decode_on_access(rows, decode, replace_unreadable=at_access)
+    return reading.decode_on_access(rows, decode, replace_unreadable=at_access)
 
 
 def score(row: dict[str, Any], text: str) -> dict[str, Any]:

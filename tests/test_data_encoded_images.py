@@ -25,8 +25,8 @@ from PIL import Image, ImageFile, WebPImagePlugin
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset, unused_rows
-from vision_grpo.data.prepared import UnreadableRow, found_when_read
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
+from vision_grpo.data.reading import UnreadableRow, found_when_read
 from vision_grpo.data.task_vqa import VQADataError
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe

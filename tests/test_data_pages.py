@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset, prepared
+from vision_grpo.data import get_dataset, prepared, reading
 from vision_grpo.evaluation.batches import chunks, read_batch
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
@@ -130,4 +130,4 @@ def test_a_training_loader_reading_every_row_does_not_keep_them_resident(tmp_pat
     assert read == ROWS
     after = resident_kib(files)
     # Before the loader's reads released them every `RELEASE_EVERY` rows, every image read stayed mapped.
-    assert after < size_kib * (2 * prepared.RELEASE_EVERY / ROWS), (after, size_kib)
+    assert after < size_kib * (2 * reading.RELEASE_EVERY / ROWS), (after, size_kib)

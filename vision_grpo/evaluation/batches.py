@@ -9,7 +9,7 @@ from typing import Any
 
 from PIL import Image
 
-from vision_grpo.data.prepared import release_mapped_pages
+from vision_grpo.data.reading import release_mapped_pages
 
 
 def images_of(row: dict[str, Any]) -> Any:

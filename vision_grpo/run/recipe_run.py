@@ -20,7 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import ModelConfig
 
 from vision_grpo.data import unused_rows
-from vision_grpo.data.prepared import found_when_read
+from vision_grpo.data.reading import found_when_read
 from vision_grpo.models.embedded import EMBEDDED_MODELS
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
