@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import io
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -29,9 +28,10 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from PIL import Image
 
-from vision_grpo.data import hub, prepared, prompts_and_images, reading, report_unused, warn_split_overlap
+from vision_grpo.data import hub, prepared, prompts_and_images, reading, report_unused, vqa_source, warn_split_overlap
 from vision_grpo.data.prepared import ERROR, SIZES
 from vision_grpo.data.prompts_and_images import PROMPT_FEATURE, checked_prompt, normalize_image, normalized_size
+from vision_grpo.data.vqa_source import VQADataError, open_images, read_source
 from vision_grpo.rewards import vqa as vqa_rewards
 from vision_grpo.rewards.vqa import ANSWER_TYPES, LETTERS, as_math, exact_form, is_correct, predicted, read_number
 
@@ -72,10 +72,6 @@ class Options:
             "does not decode is skipped when read, recorded and left out by the next pass)."
         },
     )
-
-
-class VQADataError(ValueError):
-    """A VQA source or row that cannot be used as configured."""
 
 
 class ImageUnreadable(VQADataError, reading.UnreadableRow):
@@ -138,75 +134,6 @@ def _template(task_args: Any) -> jinja2.Template:
         raise ValueError(f"vqa_prompt_template: not a valid Jinja template ({error})") from error
 
 
-def _read(source: str, revision: str | None, split: str) -> datasets.Dataset:
-    """The rows of `split` of `source` (see the module's docstring for the forms a source takes)."""
-    path = Path(source.replace("{split}", split)).expanduser()
-    if "{split}" in source or path.is_file():
-        return _read_file(path)
-    if path.is_dir():
-        if (path / "dataset_dict.json").exists() or (path / "state.json").exists():
-            loaded = datasets.load_from_disk(str(path))
-            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-        for suffix in (".parquet", ".jsonl"):
-            if (path / f"{split}{suffix}").is_file():
-                return _read_file(path / f"{split}{suffix}")
-        raise VQADataError(f"{source}: no {split}.parquet or {split}.jsonl and not a save_to_disk folder")
-    if source.startswith((".", "/", "~")):
-        raise VQADataError(f"{source} does not exist")
-    return hub.load(source, revision, split)
-
-
-def _read_file(path: Path) -> datasets.Dataset:
-    if not path.is_file():
-        raise VQADataError(f"{path} does not exist")
-    kinds = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}
-    if path.suffix not in kinds:
-        raise VQADataError(f"{path}: not a .parquet or .jsonl file")
-    # JSON must be UTF-8; Arrow's reader would pass invalid bytes on, to fail later without naming file or line.
-    line = _first_non_utf8_line(path) if kinds[path.suffix] == "json" else None
-    if line is not None:
-        raise VQADataError(f"{path}: line {line} is not valid UTF-8; re-encode the file as UTF-8")
-    if kinds[path.suffix] == "parquet":
-        return prepared.read_parquet([path])
-    return datasets.load_dataset(kinds[path.suffix], data_files=str(path), split="train")
-
-
-def _first_non_utf8_line(path: Path) -> int | None:
-    with path.open("rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError:
-                return number
-    return None
-
-
-def _image_path(value: str, folder: str | None) -> Path:
-    """`value` inside `vqa_image_folder` (the working directory when unset); a path that leaves it is refused."""
-    root = Path(folder or ".").expanduser().resolve()
-    path = (root / value).resolve()
-    if not path.is_relative_to(root):
-        raise VQADataError(
-            f"image path {value!r} is outside vqa_image_folder ({root}); image paths must stay inside it "
-            "(set vqa_image_folder to the folder that holds the images)"
-        )
-    if not path.is_file():
-        raise VQADataError(f"image file {path} does not exist")
-    return path
-
-
-def _open_image(value: Any, folder: str | None) -> Image.Image:
-    if isinstance(value, Image.Image):
-        return value
-    if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
-        if value.get("bytes"):
-            return Image.open(io.BytesIO(value["bytes"]))
-        value = value["path"]
-    if isinstance(value, str) and value:
-        return Image.open(_image_path(value, folder))
-    raise VQADataError(f"no image (got {type(value).__name__})")
-
-
 def _answer(row: dict[str, Any], task_args: Any) -> str:
     """The row's answer as its type compares it: an option letter for `choice`, else the text."""
     raw = row[task_args.vqa_answer_column]
@@ -232,16 +159,6 @@ def _answer(row: dict[str, Any], task_args: Any) -> str:
     if kind == "math" and not as_math(str(raw)):
         raise VQADataError(f"answer {raw!r} cannot be read as mathematics by math_verify")
     return exact_form(str(raw)) if kind == "exact" else str(raw).strip()
-
-
-def _images(value: Any, folder: str | None) -> list[Image.Image]:
-    """The row's images, opened; a row without one (null, an empty list, a null in the list) is refused: the task
-    trains and evaluates images, and a text-only row would fail in the processor at its first step."""
-    if isinstance(value, list) and not value:
-        raise VQADataError("no image (an empty image list)")
-    if isinstance(value, list) and None in value:
-        raise VQADataError(f"no image at position {value.index(None) + 1} of its {len(value)} (null)")
-    return [_open_image(each, folder) for each in (value if isinstance(value, list) else [value])]
 
 
 @functools.lru_cache(maxsize=8)
@@ -276,7 +193,7 @@ def _check(
         out["options"] = len(choices)
         text = render(_compiled(template), question, choices)
         value = row[args.vqa_image_column]
-        images = _images(value, args.vqa_image_folder)
+        images = open_images(value, args.vqa_image_folder)
         answer = _answer(row, args)
         decode = args.vqa_image_check == "decode"
         sizes = [normalized_size(image, max_pixels, decode, verified) for image in images]
@@ -307,7 +224,7 @@ def _decode(batch: dict[str, list], column: str, folder: str | None, max_pixels:
 
 def _normalized(value: Any, row_id: str | None, several: bool, folder: str | None, max_pixels: int) -> Any:
     try:
-        images = [normalize_image(image, max_pixels) for image in _images(value, folder)]
+        images = [normalize_image(image, max_pixels) for image in open_images(value, folder)]
     except (OSError, ValueError) as error:
         reason = f"its image does not decode ({error})"
         raise ImageUnreadable(
@@ -369,7 +286,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
     """The rows of the recipe's train or eval split, every one checked once (cached, see data/prepared.py); bad rows
     fail, or are skipped and named. Images stay encoded until a row is read."""
     name = task_args.vqa_train_split if split == "train" else task_args.vqa_eval_split
-    source = _read(task_args.dataset_name, task_args.dataset_revision, name)
+    source = read_source(task_args.dataset_name, task_args.dataset_revision, name)
     _missing_columns(task_args, source, name)
     if split == "eval" and "{split}" not in task_args.dataset_name and Path(task_args.dataset_name).is_file():
         logger.warning(
@@ -381,7 +298,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         columns = (task_args.vqa_id_column, task_args.vqa_question_column, task_args.vqa_image_column)
         # An evaluation-only source has no training split (or not these columns): nothing to overlap.
         with contextlib.suppress(VQADataError, hub.HubDataUnavailable):
-            train = _read(task_args.dataset_name, task_args.dataset_revision, task_args.vqa_train_split)
+            train = read_source(task_args.dataset_name, task_args.dataset_revision, task_args.vqa_train_split)
             if {column for column in columns if column} <= set(train.column_names):
                 warn_split_overlap(train, source, *columns, f"{task_args.dataset_name} ({name})")
     column = task_args.vqa_image_column
@@ -401,7 +318,7 @@ def load(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
         "template": _template_text(task_args),
         "max_pixels": max_pixels,
         "verified": verified,
-        "code": prepared.code_digest(sys.modules[__name__], prompts_and_images, vqa_rewards),
+        "code": prepared.code_digest(sys.modules[__name__], vqa_source, prompts_and_images, vqa_rewards),
     }
     target = "images" if several else "image"
     rows, bad = prepared.checked_rows(source, _check, deciding, FEATURES, f"VQA {name}", keep={column: target})
