@@ -10,7 +10,7 @@ completions of up to 1,024 tokens, LoRA r32, activation checkpointing) for one G
    `torch.cuda.max_memory_allocated` with `reset_peak_memory_stats` at each phase's start (benchmarks/
    gpu_check_parts.py), next to the memory plan's figure for that phase (vision_grpo/plan, `build_plan`'s parts, at
    the fixture's largest image) and their ratio.
-2. Vision sharing (issue 27): the same step with `--share_prompt_copies false`: step time and peak, per-copy / shared.
+2. Vision sharing: the same step with `--share_prompt_copies false`: step time and peak, per-copy / shared.
 3. The training pass: the same step on TRL's pass (`--share_prompt_in_training false --balance_micro_batches
    false`): step time and peak, TRL's / packed. Every variant trains every row (`--skip_zero_advantage false`): a
    random-weight model scores every completion alike, and with the skip its training pass would run nothing.
@@ -26,22 +26,13 @@ evaluation of random-weight Qwen2.5-VL-3B (outside the 10-minute estimate).
 
 Time: each part runs in its own process under a cap, and the whole check under `--budget-s` (570): a part past its
 cap, or with too little of the budget left, is killed or not started and recorded as skipped with the reason, so
-the check ends inside the budget and still writes both files. Parts run in this order (most wanted first), with
-estimates for one H200 that are derived, not measured (no GPU was lent to us):
-- build the weights (once; kept in --workdir): random bf16 init on the GPU, 9.3 GB of safetensors written, ~30 s.
-- eval_hf (cap 120 s, ~85 s): process start and weight load ~25 s; 2 batches of 50 x 1,024 decoding steps at an
-  assumed ~30 ms a step (HF `generate` at this size is bound by Python and kernel launches, not FLOPs) ~60 s.
-- train_hf (cap 130 s, ~90 s): start and load ~25 s; one `generate` of 64 sequences, 1,024 steps at ~35 ms ~36 s;
-  the training pass over 64 x ~1,350 tokens, 8 x 4.65e9 x 86e3 = 3.2e15 FLOPs (forward, backward, recompute) at an
-  assumed 30% of the card's 989 TFLOPS ~11 s, doubled for the Gated DeltaNet torch fallback ~22 s; the plan ~5 s.
-- train_hf_trl_pass (cap 130 s, ~95 s): train_hf with the training pass over 64 rows of prompt + 1,024 tokens
-  instead of 8 packed rows of prompt + 8 x 1,025 (a random-weight model's completions all reach the limit).
-- train_vllm (cap 160 s, ~115 s): start and load ~25 s, vLLM's engine start (profiling, CUDA graphs) ~60 s,
-  generation ~10 s, the training pass ~22 s.
-- eval_vllm (cap 120 s, ~95 s): start ~25 s, engine start ~60 s, 100 sequences of 1,024 tokens ~10 s.
-- train_hf_per_copy (cap 130 s, ~95 s): train_hf plus the prefill of 64 prompts instead of 8 and every copy's tower.
-Sum ~620 s with the parameter counts (~15 s): past the 570-s budget, so the last part (train_hf_per_copy) is the
-one recorded as skipped unless the others run faster than estimated.
+the check ends inside the budget and still writes both files. Parts run most wanted first: build the weights (once,
+kept in --workdir: random bf16 init on the GPU, 9.3 GB of safetensors), eval_hf, train_hf, train_hf_trl_pass,
+train_vllm, eval_vllm, train_hf_per_copy; each part's cap (120-160 s) is in `EVAL_CAPS` and `TRAIN_PARTS`. The caps
+come from estimates for one H200 (process start and load ~25 s, HF decoding ~30-35 ms a step at this size, vLLM's
+engine start ~60 s, the training pass 3.2e15 FLOPs at an assumed 30% of 989 TFLOPS, doubled on the Gated DeltaNet
+torch fallback), not from a measurement: they sum to ~620 s, so the last part is the one skipped unless the others
+run faster.
 
 Each model is the embedded replica (`vision-grpo/tiny-qwen3.5`, `vision-grpo/tiny-qwen2.5-vl`: tokenizer, chat
 template, processor, config) with the published dimensions put into its config (below), random bf16 weights made on
@@ -61,9 +52,8 @@ pip works, download the wheels it lacks (about 16 MB; Python 3.12, manylinux x86
     export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 && python3 -m pip install -q --no-index --no-deps \\
         --no-build-isolation -e . && python3 benchmarks/gpu_check.py --out $OUT
 
-Those seven wheels are 16.5 MB (docs/performance.md); their other needs are on the GPU machine as its package list
-reads (huggingface_hub 1.33 satisfies transformers and datasets; huggingface_hub 2.x would need httpx2), except
-that datasets 5.2 needs pyarrow >= 24: see `pip show pyarrow` there and carry its wheel (~45 MB) if older.
+Their other needs are on the GPU machine as its package list reads (huggingface_hub 1.33 satisfies transformers and
+datasets), except that datasets 5.2 needs pyarrow >= 24: see `pip show pyarrow` there and carry its wheel if older.
 """
 
 from __future__ import annotations
