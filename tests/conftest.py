@@ -4,30 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import preloaded
 import pytest
+from isolated_env import isolate
 
 REPO = Path(__file__).resolve().parent.parent
 # Isolated from the user's caches, and nothing may reach the network.
-_SESSION_HOME = Path(tempfile.mkdtemp(prefix="vision-grpo-tests-"))
-os.environ.update(
-    {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        # One torch thread per process: the suite runs several processes at once on 2 cores, and spinning threads
-        # made runs 10-100x slower (benchmarks/memory_scaling.py measures it).
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "HF_HOME": str(_SESSION_HOME / "hf"),
-        "VISION_GRPO_CACHE": os.environ.get("VISION_GRPO_TEST_CACHE", str(_SESSION_HOME / "vision_grpo")),
-    }
-)
+isolate("vision-grpo-tests-")
 
 
 # `make test` hands whole files to two workers (`--dist loadfile --no-loadscope-reorder`) in collection order: these

@@ -7,22 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-_SESSION_HOME = Path(tempfile.mkdtemp(prefix="vision-grpo-lmms-eval-tests-"))
-os.environ.update(
-    {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "HF_HOME": str(_SESSION_HOME / "hf"),
-        "VISION_GRPO_CACHE": str(_SESSION_HOME / "vision_grpo"),
-    }
-)
+sys.path.append(str(REPO / "tests"))  # the suites' shared environment (appended: this folder's modules win)
+from isolated_env import isolate  # noqa: E402
+
+isolate("vision-grpo-integration-tests-")
 
 
 def run_python(

@@ -7,24 +7,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-_SESSION_HOME = Path(tempfile.mkdtemp(prefix="vision-grpo-vllm-tests-"))
+sys.path.append(str(REPO / "tests"))  # the suites' shared environment (appended: this folder's modules win)
+from isolated_env import isolate  # noqa: E402
+
+_SESSION_HOME = isolate("vision-grpo-vllm-tests-")
 os.environ.update(
     {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         # GiB of KV cache; without it the CPU backend reserves a fraction of all RAM.
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-        "HF_HOME": str(_SESSION_HOME / "hf"),
-        "VISION_GRPO_CACHE": str(_SESSION_HOME / "vision_grpo"),
         # vLLM's compile cache too: nothing carried over from an earlier session.
         "VLLM_CACHE_ROOT": str(_SESSION_HOME / "vllm"),
         # What vLLM's own CPU CI sets: the model runs under dynamo with the eager backend instead of compiling C++
