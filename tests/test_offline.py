@@ -39,6 +39,9 @@ def guarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(GUARD), os.environ.get("PYTHONPATH")) if p))
     log = tmp_path / "guard.jsonl"
     monkeypatch.setenv("VISION_GRPO_GUARD_LOG", str(log))
+    # The guard is a sitecustomize, which only a starting interpreter loads: a fork of the preloaded server (whose
+    # environment matches this one when this file starts it) would run unguarded.
+    monkeypatch.setenv("VISION_GRPO_TEST_FRESH_INTERPRETERS", "1")
     return log
 
 
