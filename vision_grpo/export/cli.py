@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shutil
 import sys
@@ -87,9 +86,8 @@ def copy_generation_config(base: str, revision: str | None, output: Path) -> boo
 def trainer_config(run_dir: Path) -> type:
     """The config class of the trainer that wrote `run_dir` (its manifest's `trainer`): an SFT run's recipe holds
     SFTConfig keys (`max_length`, ...) that GRPOConfig does not know."""
-    manifest = run_dir / "manifest.json"
-    trainer = json.loads(manifest.read_text()).get("trainer") if manifest.is_file() else None
-    return SFTConfig if trainer == SFT_TRAINER else GRPOConfig
+    manifest = read_manifest(run_dir) or {}
+    return SFTConfig if manifest.get("trainer") == SFT_TRAINER else GRPOConfig
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, TaskArguments, GRPOConfig, ModelConfig]:
