@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, max_pixels_of
 from vision_grpo.plugins.tasks import get_task
 from vision_grpo.rewards.boxed_option import OPTION_LETTERS
+from vision_grpo.storage.writes import replaced_atomically
 
 # The task definition lmms-eval reads through the YAML written beside the rows, which includes it; one for every task
 # (its functions dispatch on the rows' `task` column).
@@ -71,22 +71,20 @@ def _features(dataset: datasets.Dataset, row: dict[str, Any]) -> datasets.Featur
 
 
 def write_rows(dataset: datasets.Dataset, task: str, path: Path) -> int:
-    """`dataset`'s rows as our evaluator reads them, one batch at a time, into the parquet file `path` (through a
-    temporary file: an interrupted write leaves no partial file under the name). Returns the number of rows."""
-    temporary = path.with_name(path.name + ".tmp")
-    writer = None
-    try:
-        for indices in chunks(range(len(dataset)), WRITE_BATCH):
-            rows = rows_at(dataset, indices)
-            table = datasets.Dataset.from_list(
-                [_stored(row, task) for row in rows], features=_features(dataset, rows[0])
-            ).data.table
-            writer = writer or pq.ParquetWriter(temporary, table.schema)
-            writer.write_table(table)
-    finally:
-        if writer is not None:
-            writer.close()
-    os.replace(temporary, path)
+    """`dataset`'s rows as our evaluator reads them, one batch at a time, into the parquet file `path` (written
+    atomically: an interrupted write leaves no partial file under the name). Returns the number of rows."""
+    with replaced_atomically(path) as temporary:
+        writer = None
+        try:
+            for indices in chunks(range(len(dataset)), WRITE_BATCH):
+                rows = rows_at(dataset, indices)
+                stored = [_stored(row, task) for row in rows]
+                table = datasets.Dataset.from_list(stored, features=_features(dataset, rows[0])).data.table
+                writer = writer or pq.ParquetWriter(temporary, table.schema)
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
     return len(dataset)
 
 
@@ -110,8 +108,7 @@ def write_vlmevalkit_tsv(dataset: datasets.Dataset, task_args: Any, path: Path) 
         task_args.dataset_name, task_args.dataset_revision, "eval", task_args.geoqa_test_rows or None
     )
     by_id = {str(row_id): position for position, row_id in enumerate(source["id"])}
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8", newline="") as file:
+    with replaced_atomically(path) as temporary, open(temporary, "x", encoding="utf-8", newline="") as file:
         writer = csv.writer(file, delimiter="\t")
         writer.writerow(["index", "id", "image", "question", *OPTION_LETTERS, "answer"])
         for indices in chunks(range(len(dataset)), WRITE_BATCH):
@@ -120,7 +117,6 @@ def write_vlmevalkit_tsv(dataset: datasets.Dataset, task_args: Any, path: Path) 
                 image = base64.b64encode(png(row["image"])["bytes"]).decode("ascii")
                 answer = OPTION_LETTERS[int(row["label"])]
                 writer.writerow([index, row["id"], image, raw["subject"], *raw["choices"], answer])
-    os.replace(temporary, path)
     return len(dataset)
 
 
@@ -132,9 +128,9 @@ def write_held_out(folder: Path, task_args: Any, train_args: Any, model_args: An
     """
     if not LMMS_EVAL_TASK.is_file():  # the package installed without its repository
         raise FileNotFoundError(f"{LMMS_EVAL_TASK} is missing: write held-out sets from a clone of the repository")
-    folder.mkdir(parents=True, exist_ok=True)
     processor = get_processor(model_args, task_args, train_args.trust_remote_code)
     model, arguments = lmms_eval_model(model_args, processor, train_args)  # an unknown family fails before writing
+    folder.mkdir(parents=True, exist_ok=True)
     dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
     if eval_args.limit:
         dataset = dataset.select(range(min(eval_args.limit, len(dataset))))

@@ -171,26 +171,34 @@ def held_open_elsewhere(paths: set[Path]) -> set[Path]:
     return held
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` through a temporary file and rename: the final name never holds a partial file, and a full disk
-    leaves the previous file as it was and says so (`DiskFull`).
+@contextmanager
+def replaced_atomically(path: Path, needed: int | None = None) -> Iterator[Path]:
+    """A temporary path to write `path`'s new content into (a file of any size, streamed), renamed onto `path` when
+    the block ends: the final name never holds a partial file, a full disk leaves the previous file as it was and
+    says so (`DiskFull`, with `needed` bytes when known), and any failure removes the temporary.
 
     The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file;
     temporaries that killed writers left are removed first (`remove_stale_temporaries`).
     """
     remove_stale_temporaries(path)
     tmp = path.with_name(f"{path.name}.{HOST}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    data = text.encode("utf-8")
     try:
-        with naming_a_full_disk(path, len(data)), tmp.open("xb") as sink:  # the umask applies, as for any file
-            sink.write(data)
-            sink.flush()
+        with naming_a_full_disk(path, needed):
+            yield tmp
         crash_point(f"{path.name} written, not yet renamed")
         tmp.replace(path)
         crash_point(f"{path.name} renamed into place")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through `replaced_atomically`."""
+    data = text.encode("utf-8")
+    with replaced_atomically(path, len(data)) as tmp, tmp.open("xb") as sink:  # the umask applies, as for any file
+        sink.write(data)
+        sink.flush()
 
 
 def append_bytes(path: Path, data: bytes) -> None:
