@@ -4,8 +4,14 @@ The stage is read from what was really launched: `accelerate launch` hands its s
 environment variables (accelerate/utils/launch.py `prepare_deepspeed_cmd_env`), from which transformers'
 TrainingArguments build the DeepSpeed plugin (accelerate/utils/dataclasses.py `DeepSpeedPlugin.__post_init__`: stage
 2 when none is set, a DeepSpeed JSON file winning over the variables); the plan CLI reads the same fields from an
-accelerate config file. The byte counts follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
-`estimate_zero3_model_states_mem_needs`; tests/test_plan_zero.py holds them to it).
+accelerate config file.
+
+The byte counts follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
+`estimate_zero3_model_states_mem_needs`), which tests/test_plan_zero.py calls and holds every ZeRO stage and offload
+of a full fine-tune to, but they are not called here: each returns one total for a model whose every parameter trains
+in 16 bits, and a plan needs what they do not model: LoRA (frozen weights with no gradient or optimizer state beside
+float32 adapters: every shipped recipe for a Qwen model), float32 weights (no master copy), and the parts one by one,
+each with the recipe key that shrinks it, which the plan card prints.
 """
 
 from __future__ import annotations
