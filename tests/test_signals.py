@@ -82,9 +82,12 @@ def gone_within(processes: list[psutil.Process], seconds: float) -> bool:
 
 
 def importing_torch(worker: psutil.Process) -> bool:
-    """Whether the worker has begun loading torch (the imports that take seconds, after vision_grpo.run.launched)."""
+    """Whether the worker runs the entry point and has begun loading torch (the imports that take seconds, after
+    vision_grpo.run.launched). Between fork and exec the child still maps its launcher's torch: a signal then comes
+    before the worker could ask for one (the one start-up window vision_grpo/run/launched.py says goes unnoticed)."""
     try:
-        return any("libtorch" in Path(m.path).name for m in worker.memory_maps(grouped=True))
+        started = worker.cmdline()[1:2] == ["recipes/train.py"]
+        return started and any("libtorch" in Path(m.path).name for m in worker.memory_maps(grouped=True))
     except psutil.Error:
         return False
 
