@@ -35,3 +35,4 @@ if __name__ == "__main__":
         summary = main()["summary"]
     if PartialState().is_main_process:
         print(json.dumps(summary, indent=1, ensure_ascii=False))
+    vision_grpo.run.launched.finish()

@@ -97,3 +97,4 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with vision_grpo.run.launched.errors_named_first():
         main()
+    vision_grpo.run.launched.finish()

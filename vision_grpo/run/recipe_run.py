@@ -196,8 +196,8 @@ class RecipeRun:
         return self.close()
 
     def close(self) -> Path:
-        """Leave together and close the process group: a rank that exits while gloo's threads still serve another
-        can abort the process with "terminate called without an active exception" (gloo on CPU)."""
+        """Leave together and close the process group: no rank leaves while another still waits in a collective.
+        The worker's exit itself is `launched.finish`'s (gloo's threads can abort an interpreter's finalisation)."""
         state = PartialState()
         state.wait_for_everyone()
         self.stop_watch()  # every rank is past its last collective: one that leaves first has not stalled
