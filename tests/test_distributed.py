@@ -42,16 +42,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def launch_recorded(tmp_path: Path, launch: list[str], *overrides: str) -> tuple[Path, Path]:
+def launch_recorded(
+    tmp_path: Path, launch: list[str], *overrides: str, env: dict[str, str] | None = None
+) -> tuple[Path, Path]:
     """`accelerate launch <launch> train_recorded.py ...` on the tiny recipe (`launch` empty: `python
-    train_recorded.py ...`, one process); returns (run folder, records folder)."""
+    train_recorded.py ...`, one process), with `env` added to the environment; returns (run folder, records
+    folder)."""
     records, run_dir = tmp_path / "records", tmp_path / "runs" / "run"
     records.mkdir(parents=True)
     launcher = ["-m", "accelerate.commands.launch", *launch] if launch else []
     run_script(
         [*launcher, *recorded_training_args(run_dir, *overrides)],
         timeout=900,
-        env={RECORD_ENV: str(records), GLOO_ONLY_ENV: "1"},
+        env={RECORD_ENV: str(records), GLOO_ONLY_ENV: "1", **(env or {})},
     )
     return run_dir, records
 
@@ -108,9 +111,12 @@ def test_deepspeed_zero2_trains_two_cpu_processes(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deepspeed_zero3_trains_two_cpu_processes_and_saves_whole_adapters(tmp_path: Path) -> None:
     """ZeRO-3 shards the weights themselves, so per-rank checksums prove nothing: the saved adapter must hold
-    whole tensors, and trained ones (LoRA's B matrices start at zero)."""
+    whole tensors, and trained ones (LoRA's B matrices start at zero). The model cache starts empty, as on a
+    user's first run: the embedded model is built inside the launch (built in a ZeRO-3 rank, its collectives
+    stalled the other rank)."""
     launch = ["--config_file", "accelerate_configs/zero3.yaml", "--num_processes", "2", "--mixed_precision", "no"]
-    run_dir, records = launch_recorded(tmp_path, [*launch, "--main_process_port", "0"])
+    empty_cache = {"VISION_GRPO_CACHE": str(tmp_path / "model_cache")}
+    run_dir, records = launch_recorded(tmp_path, [*launch, "--main_process_port", "0"], env=empty_cache)
     steps = read_records(records, "step")
     assert {(s["rank"], s["step"]) for s in steps} == {(0, 1), (0, 2), (1, 1), (1, 2)}
     assert {(s["distributed_type"], s["optimizer"]) for s in steps} == {

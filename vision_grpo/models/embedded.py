@@ -94,12 +94,15 @@ def _build_sealed(name: str, target: Path) -> None:
 
 
 def _build_embedded(name: str, target: Path) -> None:
-    """Build embedded model `name` into `target`, whichever rank of a multi-process run gets here first.
+    """Build embedded model `name` into `target`; in a process of a multi-process run, in a fresh interpreter.
 
-    transformers 5's `save_pretrained` writes the weights only on rank 0 of an initialised process group; built on
-    another rank, the folder would hold the processor but no model. Such a rank builds in a fresh interpreter.
+    In a run's process the build would meet the run's distributed state: transformers 5's `save_pretrained` writes
+    the weights only on rank 0 of an initialised process group (built on another rank, the folder would hold the
+    processor but no model), and under ZeRO-3 building the model runs collectives (its token embeddings resized in
+    a gather) that the other ranks, waiting for the build's lock, never join (gloo: "Received data size doesn't
+    match expected size"). A fresh interpreter has neither.
     """
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
         code = "import sys; from vision_grpo.models.embedded import EMBEDDED_MODELS as M; M[sys.argv[1]](sys.argv[2])"
         subprocess.run([sys.executable, "-c", code, name, str(target)], check=True)
     else:
