@@ -170,3 +170,29 @@ def test_a_signal_to_a_sweep_stops_its_run_with_a_checkpoint_and_starts_no_other
     assert "--resume_from_checkpoint last`; not started: ['s_learning_rate=2e-3']" in stderr
     assert resume_checkpoint("last", tmp_path / "runs" / "s_learning_rate=1e-3")
     assert not (tmp_path / "runs" / "s_learning_rate=2e-3").exists()
+
+
+FINISHING = """
+import atexit, sys, threading, time
+import vision_grpo.run.launched as launched
+atexit.register(lambda: print("atexit ran", flush=True))
+threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined", end=""))).start()
+print("unflushed", end="")
+launched.finish()
+print(" after finish")
+"""
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_a_worker_finishes_with_its_threads_joined_its_exit_handlers_run_and_its_output_flushed(
+    world_size: str,
+) -> None:
+    """`launched.finish` leaves a worker of a multi-process launch before the interpreter's finalisation (where gloo's
+    threads can abort it), having done what finalisation would; a single process goes on and finalises as usual."""
+    env = {**os.environ, "LOCAL_RANK": "0", "WORLD_SIZE": world_size}
+    done = subprocess.run([sys.executable, "-c", FINISHING], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    if world_size == "2":
+        assert done.stdout == "unflushedthread joinedatexit ran\n"
+    else:
+        assert done.stdout == "unflushed after finish\nthread joinedatexit ran\n"
