@@ -1,10 +1,12 @@
-"""Datasets of the recipes: `get_dataset(task_args, split, max_pixels)` returns rows ready for TRL and the evaluator.
+"""Datasets of the recipes: `get_rows(task_args, split, max_pixels)` returns rows ready for TRL and the evaluator,
+and the rows of the source left out (`get_dataset`: the rows alone).
 
 The rows come from the recipe's task (a module of this folder or of a recipe's `task_dirs`, see
 vision_grpo/plugins/tasks.py): `task_shapes.py`, `task_geoqa.py`, `task_vqa.py` (any VQA dataset, configured in the
 recipe). Every row has `id`, a conversational `prompt` with its image slot(s), the normalised `image` (or `images`; see
-`prompts_and_images.py`, the multimodal collator), and the columns the task's rewards read. Rows are built once per
-dataset with `Dataset.map`, so no image is re-normalised at every training step.
+`prompts_and_images.py`, the multimodal collator), and the columns the task's rewards read. The checking pass runs once
+per dataset (its rows cache, data/prepared.py); a row's images are decoded (shape images drawn) and normalised each
+time the row is read (data/reading.py), so memory does not grow with the rows.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import hashlib
 import logging
 import random
 from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import datasets
@@ -22,29 +26,34 @@ from vision_grpo.plugins.tasks import task_of
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval")
-# Rows of the source that the last `get_dataset` of each split did not use, by reason: tasks report them with
-# `report_unused`, the log names them, the run's manifest records the counts and an evaluation's result the ids too.
-_UNUSED: dict[str, dict[str, int]] = {}
-_UNUSED_IDS: dict[str, dict[str, list[str]]] = {}
+# What `report_unused` collects while `get_rows` runs a task's `load`, by split: counts and ids by reason.
+_REPORTS: ContextVar[dict[str, tuple[dict[str, int], dict[str, list[str]]]] | None] = ContextVar(
+    "unused rows", default=None
+)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A split's rows (`dataset`) and the rows of its source left out, by reason (skipped as invalid, another split,
+    ...): their counts, which a run's manifest and an evaluation's result record, and the ids the task named."""
+
+    dataset: datasets.Dataset
+    unused: dict[str, int]
+    unused_ids: dict[str, list[str]]
 
 
 def report_unused(split: str, reason: str, count: int, ids: Sequence[str] = ()) -> None:
-    """Called by a task's `load`: `count` rows of `split` not used, and why (skipped as invalid, another split, ...);
-    `ids`, where the task names the rows (those it skipped), go into an evaluation's result beside the count."""
+    """Called by a task's `load`: `count` rows of `split` not used, and why; `ids`, where the task names the rows
+    (those it skipped), go into an evaluation's result beside the count. `get_rows` returns them; a `load` called
+    on its own (a test, a benchmark) reports to no one."""
+    reports = _REPORTS.get()
+    if reports is None:
+        return
+    counts, named = reports.setdefault(split, ({}, {}))
     if count:
-        _UNUSED.setdefault(split, {})[reason] = _UNUSED.get(split, {}).get(reason, 0) + count
+        counts[reason] = counts.get(reason, 0) + count
     if ids:
-        _UNUSED_IDS.setdefault(split, {}).setdefault(reason, []).extend(ids)
-
-
-def unused_rows() -> dict[str, dict[str, int]]:
-    """The counts `report_unused` collected for each split loaded in this process, for the run's manifest."""
-    return {split: dict(reasons) for split, reasons in _UNUSED.items()}
-
-
-def unused_row_ids(split: str) -> dict[str, list[str]]:
-    """The ids `report_unused` was given for `split` in this process, by reason (an evaluation's result)."""
-    return {reason: list(ids) for reason, ids in _UNUSED_IDS.get(split, {}).items()}
+        named.setdefault(reason, []).extend(ids)
 
 
 def _image_key(value: Any) -> tuple[str, ...]:
@@ -105,16 +114,26 @@ def warn_split_overlap(
     return len(shared_ids), len(shared_pairs)
 
 
-def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
-    """The rows of `split` (`train` or `eval`) of the recipe's task; fails if nothing is left."""
+def get_rows(task_args: Any, split: str, max_pixels: int) -> Rows:
+    """The rows of `split` (`train` or `eval`) of the recipe's task, and those of its source it left out; fails if
+    nothing is left."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    _UNUSED.pop(split, None)
-    _UNUSED_IDS.pop(split, None)
-    dataset = task_of(task_args).load(task_args, split, max_pixels)
+    reports: dict[str, tuple[dict[str, int], dict[str, list[str]]]] = {}
+    token = _REPORTS.set(reports)
+    try:
+        dataset = task_of(task_args).load(task_args, split, max_pixels)
+    finally:
+        _REPORTS.reset(token)
     if len(dataset) == 0:
         raise ValueError(f"the {task_args.task} {split} dataset is empty after filtering")
-    return dataset
+    unused, unused_ids = reports.get(split, ({}, {}))
+    return Rows(dataset, unused, unused_ids)
+
+
+def get_dataset(task_args: Any, split: str, max_pixels: int) -> datasets.Dataset:
+    """The rows of `split` of the recipe's task (`get_rows`, for a caller that records no unused rows)."""
+    return get_rows(task_args, split, max_pixels).dataset
 
 
 def _sft_completion(

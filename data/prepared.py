@@ -65,8 +65,6 @@ LARGE_ROW_GROUP = 50_000_000
 # row group of the file into memory ahead of the conversion: without it the first start's memory does not grow with
 # the file's rows, only with its largest row group.
 PARQUET_READ = {"fragment_scan_options": pads.ParquetFragmentScanOptions(pre_buffer=False)}
-# The image sizes of the rows each pass returned, by the realpath of its rows cache file (see `image_sizes`).
-_SIZES: dict[str, list[list[tuple[int, int]]]] = {}
 
 
 def code_digest(*modules: Any) -> str:
@@ -219,9 +217,7 @@ def checked_rows(
         usable_mask = pc.and_(usable_mask, pc.invert(found))
     usable = pc.indices_nonzero(usable_mask)
     if SIZES in table.column_names:
-        sizes = pc.take(table[SIZES], usable).to_pylist()
-        _SIZES[os.path.realpath(cache)] = [[(width, height) for width, height in row] for row in sizes]
-        checked = checked.remove_columns(SIZES)
+        checked = checked.remove_columns(SIZES)  # still in the cache file, for `image_sizes`
     if keep:
         checked = _beside(checked, source, keep)
     if bad:
@@ -250,13 +246,20 @@ def _key_lock(cache: Path) -> Iterator[None]:
 
 
 def image_sizes(rows: Any) -> list[list[tuple[int, int]]] | None:
-    """The (width, height) of each row's images as training will see them, as the checking pass computed them for
-    `rows` (the rows a task's `load` returned, before any `select`); None where no pass recorded them. Lets a check
-    that depends only on the sizes group the rows without decoding any image."""
+    """The (width, height) of each row's images as training will see them, as the checking pass recorded them in the
+    rows cache file `rows` are read from (a column the rows themselves do not show), matched by id; None where no
+    pass recorded them or the ids are not unique. Lets a check that depends only on the sizes group the rows without
+    decoding any image."""
     for entry in getattr(rows, "cache_files", None) or []:
-        sizes = _SIZES.get(os.path.realpath(entry["filename"]))
-        if sizes is not None and len(sizes) == len(rows):
-            return sizes
+        cached = datasets.Dataset.from_file(entry["filename"]).with_format("arrow")
+        if SIZES not in cached.column_names:
+            continue
+        ids = cached["id"].to_pylist()
+        by_id = dict(zip(ids, cached[SIZES].to_pylist(), strict=True))
+        wanted = rows.with_format("arrow")["id"].to_pylist()
+        if len(by_id) != len(ids) or not set(wanted) <= by_id.keys():
+            return None
+        return [[(width, height) for width, height in by_id[row_id]] for row_id in wanted]
     return None
 
 

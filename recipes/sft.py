@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trl import SFTConfig, SFTTrainer
 
-from vision_grpo.data import get_dataset, with_sft_completions
+from vision_grpo.data import get_rows, with_sft_completions
 from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
 from vision_grpo.models.lora import check_lora_targets, get_peft_config
 from vision_grpo.models.vision import freeze_vision_tower
@@ -43,9 +43,9 @@ def train(run: RecipeRun) -> Path:
     if task_args.vision_tower == "freeze":
         freeze_vision_tower(model)
 
-    train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
+    train_rows = get_rows(task_args, "train", max_pixels_of(processor))
     train_dataset = with_sft_completions(
-        train_dataset,
+        train_rows.dataset,
         task_args.sft_targets,
         task_args.sft_target_weights,
         mislabel_count=task_args.sft_mislabel_count,
@@ -65,7 +65,7 @@ def train(run: RecipeRun) -> Path:
         peft_config=peft_config,
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
-    return run.train_and_save(trainer, processor)
+    return run.train_and_save(trainer, processor, {"train": train_rows.unused})
 
 
 if __name__ == "__main__":

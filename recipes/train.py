@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_rows
 from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
 from vision_grpo.models.lora import check_lora_targets, get_peft_config
 from vision_grpo.models.vision import freeze_vision_tower
@@ -50,7 +50,8 @@ def train(run: RecipeRun) -> Path:
     reward_funcs = get_recipe_rewards(task_args, processor.tokenizer)
     # Dataset: prompts and normalised images (the multimodal collator), read before the model so that data that
     # cannot fill one step fails in seconds; checked below against what the model consumes.
-    train_dataset = get_dataset(task_args, "train", max_pixels_of(processor))
+    train_rows = get_rows(task_args, "train", max_pixels_of(processor))
+    train_dataset = train_rows.dataset
     check_prompts_per_step(len(train_dataset), training_args)
     model = load_model(model_args, training_args.trust_remote_code)
     peft_config = get_peft_config(model_args, task_args)
@@ -88,9 +89,12 @@ def train(run: RecipeRun) -> Path:
         reward_outage_steps=task_args.reward_outage_steps,
     )
     trainer.add_callback(GracefulStop(trainer.accelerator))  # a signal: a checkpoint after this step, then stop
+    rows_unused = {"train": train_rows.unused}  # the source's rows left out, by reason: the manifest counts them
     if task_args.holdout_eval_steps > 0:
-        trainer.add_callback(HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs))
-    return run.train_and_save(trainer, processor)
+        holdout = HoldoutAccuracy.from_recipe(trainer, task_args, reward_funcs)
+        trainer.add_callback(holdout)
+        rows_unused["eval"] = holdout.rows_unused
+    return run.train_and_save(trainer, processor, rows_unused)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from test_prompts_and_images import png_header_only
 from test_recipes import CPU_OVERRIDES, RECIPES, config_classes
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset, unused_rows
+from vision_grpo.data import get_dataset, get_rows
 from vision_grpo.data.geoqa import GeoQADataError
 from vision_grpo.data.geoqa_fixture import fixture_rows
 from vision_grpo.data.prompts_and_images import RowRefused, make_example
@@ -388,12 +388,12 @@ def test_rows_without_a_split_are_counted_and_named(tmp_path: Path, caplog: pyte
     first, second = [row for row in rows if row["original_split"] == "train"][:2]
     first["original_split"] = second["original_split"] = None
     with caplog.at_level(logging.INFO, logger="vision_grpo.data.geoqa"):
-        dataset = get_dataset(geoqa(write_rows(rows, tmp_path / "nosplit.parquet")), "train", MAX_PIXELS)
-    assert len(dataset) == 2
+        loaded = get_rows(geoqa(write_rows(rows, tmp_path / "nosplit.parquet")), "train", MAX_PIXELS)
+    assert len(loaded.dataset) == 2
     said = "2 row(s) have original_split ['None'] and are neither trained on nor evaluated"
     assert f"{said} (ids {first['id']}, {second['id']})" in caplog.text
     assert "2 val row(s) not used" in caplog.text
-    assert unused_rows()["train"] == {"no or unknown original_split": 2, "val (unused by the seed)": 2}  # manifest
+    assert loaded.unused == {"no or unknown original_split": 2, "val (unused by the seed)": 2}  # the manifest's
 
 
 def test_a_folder_holding_two_copies_of_the_data_is_refused(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFile, WebPImagePlugin
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset, unused_rows
+from vision_grpo.data import get_dataset, get_rows
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
 from vision_grpo.data.reading import UnreadableRow, found_when_read
 from vision_grpo.data.task_vqa import VQADataError
@@ -171,9 +171,11 @@ def test_a_bitstream_damaged_inside_whole_chunks_fails_when_read_or_is_skipped(
     # The next start's pass leaves it out, named and counted like any row the pass refused.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="vision_grpo.data.task_vqa"):
-        again = get_dataset(args, "train", 10_000)
-    assert ids(again) == ["a", "c"] and found_when_read(again) == {}
-    assert unused_rows() == {"train": {"invalid, skipped (skip_bad_rows)": 1}}
+        again = get_rows(args, "train", 10_000)
+    assert ids(again.dataset) == ["a", "c"] and found_when_read(again.dataset) == {}
+    assert again.unused == {"invalid, skipped (skip_bad_rows)": 1} and again.unused_ids == {
+        "invalid, skipped (skip_bad_rows)": ["inside"]
+    }
     assert "found when an earlier launch read the row" in caplog.text
     # where the record is and how to clear it, once the image is repaired
     assert ".unreadable.jsonl: once its image is repaired, delete that file (or this id's line)" in caplog.text

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset, unused_row_ids, unused_rows
+from vision_grpo.data import get_rows
 from vision_grpo.evaluation.adapters import adapter_base_model, check_adapter_dir, check_not_in_model
 from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
@@ -193,15 +193,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         held.callback(evaluator.close)  # after the evaluation's last collective, before the output's lock goes
         if watch is not None:  # stopped first: a rank that leaves first (its engine closed) has not stalled
             held.callback(watch.stop)
-        dataset = get_dataset(task_args, "eval", max_pixels_of(processor))
+        rows = get_rows(task_args, "eval", max_pixels_of(processor))
+        dataset = rows.dataset
         if eval_args.limit:
             dataset = dataset.select(range(min(eval_args.limit, len(dataset))))
         metadata = {
             **settings,
             # Rows of the split not evaluated, by reason (`skip_bad_rows`: invalid rows skipped), as a training
             # run's manifest records them: an accuracy over fewer rows than the split holds says so in its file.
-            "rows_unused": unused_rows().get("eval", {}),
-            "rows_unused_ids": unused_row_ids("eval"),
+            "rows_unused": rows.unused,
+            "rows_unused_ids": rows.unused_ids,
             "max_pixels": max_pixels_of(processor),
             "generation_config": evaluator.decoding(max_new_tokens),
             **evaluator.placement(),

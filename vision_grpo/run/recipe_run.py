@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +20,6 @@ from accelerate import PartialState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import ModelConfig
 
-from vision_grpo.data import unused_rows
 from vision_grpo.data.reading import found_when_read
 from vision_grpo.models.embedded import EMBEDDED_MODELS
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
@@ -141,8 +141,11 @@ class RecipeRun:
         self.lock.close()
         self.stop_watch()
 
-    def train_and_save(self, trainer: Any, processor: Any) -> Path:
-        """Record the run, train (resuming if asked), save the model or adapter and the processor, close the record."""
+    def train_and_save(
+        self, trainer: Any, processor: Any, rows_unused: Mapping[str, Mapping[str, int]] | None = None
+    ) -> Path:
+        """Record the run (with `rows_unused`: by split, the source's rows its task left out, by reason), train
+        (resuming if asked), save the model or adapter and the processor, close the record."""
         if self.is_main:
             facts = {
                 "task": self.task_args.task,
@@ -152,7 +155,7 @@ class RecipeRun:
                 "model_weights": self.model_weights,
                 "seed": self.training_args.seed,
                 "resumed_from": self.resume_from,  # None for a fresh start
-                "rows_unused": unused_rows(),  # by split and reason, as the task's loader reported them
+                "rows_unused": {split: dict(reasons) for split, reasons in (rows_unused or {}).items() if reasons},
             }
             configs = (self.task_args, self.training_args, self.model_args)
             write_run_start(self.run_dir, self.recipe_path, self.argv, configs, **facts)

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 from transformers.integrations import is_deepspeed_zero3_enabled
 
-from vision_grpo.data import get_dataset
+from vision_grpo.data import get_rows
 from vision_grpo.evaluation.batches import chunks
 from vision_grpo.evaluation.evaluator import Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.rounds import generated_records
@@ -61,14 +61,17 @@ class HoldoutAccuracy(TrainerCallback):
         self.reward_funcs = reward_funcs
         self.every = every
         self.max_new_tokens = max_new_tokens
+        self.rows_unused: dict[str, int] = {}  # the split's rows its task left out, by reason (`from_recipe`)
 
     @classmethod
     def from_recipe(cls, trainer: Trainer, task_args: Any, reward_funcs: list) -> HoldoutAccuracy:
         """The first `holdout_eval_size` rows of the task's held-out split, every `holdout_eval_steps` steps."""
-        dataset = get_dataset(task_args, "eval", max_pixels_of(trainer.processing_class))
-        rows = dataset.select(range(min(task_args.holdout_eval_size, len(dataset))))
+        loaded = get_rows(task_args, "eval", max_pixels_of(trainer.processing_class))
+        rows = loaded.dataset.select(range(min(task_args.holdout_eval_size, len(loaded.dataset))))
         max_new_tokens = default_max_new_tokens(task_args, trainer.args)
-        return cls(trainer, rows, task_args.task, reward_funcs, task_args.holdout_eval_steps, max_new_tokens)
+        holdout = cls(trainer, rows, task_args.task, reward_funcs, task_args.holdout_eval_steps, max_new_tokens)
+        holdout.rows_unused = loaded.unused
+        return holdout
 
     def evaluator(self) -> Evaluator:
         trainer = self.trainer
