@@ -18,7 +18,7 @@ from vision_grpo.models.loading import load_model
 from vision_grpo.models.lora import check_lora_targets, get_peft_config
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.bounds import DURATIONS, UPPER_BOUNDS, WEEK
-from vision_grpo.recipe.parse import check_recipe_keys, parse_recipe
+from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.rewards import get_reward_funcs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +53,6 @@ def test_every_recipe_the_docs_name_is_one_these_tests_parse() -> None:
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))
 def test_every_recipe_parses_and_names_existing_rewards(recipe: Path) -> None:
     classes = config_classes(recipe)
-    assert check_recipe_keys(recipe, classes)
     task, trainer, _model = parse_recipe(classes, ["--config", str(recipe), *CPU_OVERRIDES])
     if classes is GRPO_CLASSES:
         assert len(get_reward_funcs(task.reward_funcs, task.reward_dirs)) == len(task.reward_funcs)

@@ -1,7 +1,8 @@
 """Recipe parsing: one YAML file, three dataclasses (ours, TRL's trainer config, TRL's `ModelConfig`).
 
-`TrlParser` does the parsing (YAML first, CLI flags override it). Before it runs we check every YAML key against
-the three dataclasses, so a typo fails at once with the nearest valid key instead of somewhere in the middle.
+The recipe is read once (`read_recipe`), its keys checked against the three dataclasses (a typo fails at once with
+the nearest valid key instead of somewhere in the middle), then `TrlParser` builds the dataclasses: the recipe's
+values as defaults, the command line's flags over them; TRL's `env:` block is set as TrlParser sets it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import difflib
 import enum
 import itertools
 import math
+import os
 import sys
 import types
 import typing
@@ -134,12 +136,9 @@ def shown_key(key: Any) -> str:
     return f"{ascii(text)} (it holds {names}: retype it)"
 
 
-def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dict[str, Any]:
-    """Read a recipe's YAML; fail on keys that none of `config_classes` knows (naming the nearest valid key) and on
-    values of the wrong type."""
-    content = read_recipe(path)
-    if not isinstance(content, dict):
-        raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(content).__name__}")
+def check_recipe_keys(path: str | Path, content: dict[str, Any], config_classes: tuple[type, ...]) -> None:
+    """Fail on keys of the recipe `path` (its `content`) that none of `config_classes` knows (naming the nearest
+    valid key) and on values of the wrong type."""
     known = _field_types(config_classes)
     for key, value in content.items():
         if key == "env":  # TRL's block of environment variables, which TrlParser sets before building the configs
@@ -152,7 +151,6 @@ def check_recipe_keys(path: str | Path, config_classes: tuple[type, ...]) -> dic
         if not _matches(value, known[key]):
             expected = known[key].__name__ if isinstance(known[key], type) else known[key]
             raise RecipeError(f"recipe {path}: `{key}: {value!r}` has type {type(value).__name__}, expected {expected}")
-    return content
 
 
 def _check_env_block(path: str | Path, value: Any) -> None:
@@ -195,15 +193,23 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     our keys, grouped, and exits 0 (`--help_all`: TRL's full list).
     """
     argv = sys.argv[1:] if argv is None else argv
-    config_classes = _with_plugin_task_keys(config_classes, argv)
+    path = recipe_path_of(argv)
+    recipe = read_recipe(path) if path is not None else {}
+    if not isinstance(recipe, dict):
+        raise RecipeError(f"recipe {path} must be a mapping of keys to values, got {type(recipe).__name__}")
+    config_classes = _with_plugin_task_keys(config_classes, argv, recipe)
     parser = _RecipeParser(config_classes)
     exit_with_help(argv, config_classes, parser)
     check_cli_flags(argv, parser)
-    recipe = check_recipe_keys(recipe_path_of(argv), config_classes) if "--config" in argv else {}
+    check_recipe_keys(path, recipe, config_classes)
     _checkpointing_default_under_its_current_name(parser, config_classes, {*recipe, *argv})
-    where = f"recipe {recipe_path_of(argv)}" if "--config" in argv else "command line"
+    where = f"recipe {path}" if path is not None else "command line"
+    for name, value in recipe.get("env", {}).items():  # TRL's `env:` block, set as TrlParser sets it
+        os.environ[name] = str(value)
+    flags = argv[: argv.index("--config")] + argv[argv.index("--config") + 2 :] if path is not None else argv
     try:
-        parsed = tuple(parser.parse_args_and_config(args=argv))
+        parser.set_defaults_with_config(**{key: value for key, value in recipe.items() if key != "env"})
+        parsed = tuple(parser.parse_args_into_dataclasses(args=flags))
     except ValueError as error:  # argparse's, our checks', or a trainer config's own (GRPOConfig's batch arithmetic)
         raise RecipeError(f"{where}: {error}") from None
     _check_reward_weights(parsed, where)
@@ -227,7 +233,9 @@ def _checkpointing_default_under_its_current_name(
             parser.set_defaults(activation_checkpointing=old.default, gradient_checkpointing=None)
 
 
-def _with_plugin_task_keys(config_classes: tuple[type, ...], argv: list[str]) -> tuple[type, ...]:
+def _with_plugin_task_keys(
+    config_classes: tuple[type, ...], argv: list[str], recipe: dict[str, Any]
+) -> tuple[type, ...]:
     """`config_classes` with `TaskArguments` extended by the keys of the task plugins in the recipe's `task_dirs`
     (the command line's `--task_dirs` wins over the YAML's), so a plugin's keys are checked like every other key."""
     if TaskArguments not in config_classes:
@@ -236,12 +244,8 @@ def _with_plugin_task_keys(config_classes: tuple[type, ...], argv: list[str]) ->
     if "--task_dirs" in argv:
         following = argv[argv.index("--task_dirs") + 1 :]
         dirs = list(itertools.takewhile(lambda arg: not arg.startswith("--"), following))
-    elif "--config" in argv:
-        try:
-            recipe = read_recipe(recipe_path_of(argv))
-        except RecipeError:
-            return config_classes  # check_recipe_keys reports it, naming the file
-        dirs = list(recipe.get("task_dirs") or []) if isinstance(recipe, dict) else []
+    else:
+        dirs = list(recipe.get("task_dirs") or [])
     if not dirs:
         return config_classes
     try:
