@@ -35,7 +35,9 @@ logger = logging.getLogger("vision_grpo.train")
 
 def main(argv: list[str] | None = None) -> Path:
     argv = sys.argv[1:] if argv is None else argv
-    with RecipeRun.start(GRPOConfig, argv) as run:  # fails on a bad recipe before anything loads; holds the run folder
+    # The recipe parsed (vision_grpo/recipe/parse.py; our keys: recipe/arguments.py), the run folder held: a bad
+    # recipe fails before anything loads.
+    with RecipeRun.start(GRPOConfig, argv) as run:
         return run.close() if run.finished else train(run)  # finished: resumed after its last step, nothing to do
 
 
