@@ -1,5 +1,6 @@
-"""docs/architecture.md stays true to the tree: its package table names every module of every package and no module
-that is gone, and its layer diagram lists the packages in the order of pyproject.toml's import-linter contract."""
+"""The docs stay true to the tree and to their readers: docs/architecture.md's package table names every module of
+every package and no module that is gone, its layer diagram lists the packages in the order of pyproject.toml's
+import-linter contract, and README and docs/ keep their size and speak of no history or machine path."""
 
 from __future__ import annotations
 
@@ -63,3 +64,19 @@ def test_the_layer_diagram_is_the_import_contract_in_its_order() -> None:
         if line.strip() and not line.strip().startswith(("-", "entry points"))
     ]
     assert drawn == layers
+
+
+def test_the_docs_stay_within_their_size_and_speak_to_users() -> None:
+    """README at most 200 lines and docs/ at most 1,600 in all; no development history or machine paths (those go
+    into CHANGELOG.md), as the repository's stop hook greps for them."""
+    readme, pages = REPO / "README.md", sorted((REPO / "docs").glob("*.md"))
+    assert len(readme.read_text(encoding="utf-8").splitlines()) <= 200
+    assert sum(len(page.read_text(encoding="utf-8").splitlines()) for page in pages) <= 1600
+    history = re.compile(r"/work/|scratch/|\bsession\b|earlier session|\b[Ii]ssue [0-9]{2}\b")
+    found = [
+        f"{path.name}:{number}: {line}"
+        for path in (readme, *pages)
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if history.search(line)
+    ]
+    assert not found, "\n".join(found)
