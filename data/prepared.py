@@ -267,7 +267,8 @@ def _trusted(cache: Path, key: str, rows: int) -> bool:
     """Whether the rows cache `cache` is there and as its seal says it was written (size, sha256, key, row count):
     one read of the file, about 1 s per GB. A damaged one (cut short, bit-flipped, another key's, or without its
     seal) is removed with a warning naming it and the fault, so the pass writes it again: never fewer rows, nor
-    other rows, in silence."""
+    other rows, in silence. `datasets` alone reuses a cache file found under its name unread: a flipped bit reads as
+    another row, a file cut short fails in Arrow naming no file (tests/test_damaged_caches.py shows both)."""
     if not cache.exists() and not seal_path(cache).exists():
         return False
     fault = seal_fault(cache, key=key, rows=rows)

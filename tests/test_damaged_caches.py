@@ -182,3 +182,24 @@ def test_a_damaged_embedded_replica_is_named_and_rebuilt(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [target.name, target.name + ".lock", seal_path(target).name]
     )  # no staging folder left
+
+
+def test_datasets_alone_reuses_a_damaged_cache_file_which_is_why_the_rows_cache_is_sealed(tmp_path: Path) -> None:
+    """What the seal adds to `datasets`' own cache (data/prepared.py `_trusted`): `Dataset.map` reuses a cache file
+    found under its name without reading its bytes, so a flipped bit is read as another row in silence, and a file
+    cut short fails in Arrow naming no file. The day `datasets` checks its files, this fails and the seal can go."""
+    source = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(2000)]})
+    path = tmp_path / "rows.arrow"
+
+    def rows() -> datasets.Dataset:
+        return source.map(lambda row: {"upper": row["text"].upper()}, cache_file_name=str(path), new_fingerprint="k")
+
+    assert rows()[1234]["upper"] == "ROW 1234"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"ROW 1234") + 4] ^= 0x02  # "1" becomes "3"
+    path.write_bytes(data)
+    assert rows()[1234]["upper"] == "ROW 3234"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(OSError) as cut:
+        rows()
+    assert str(path) not in str(cut.value) and path.name not in str(cut.value)
