@@ -84,6 +84,24 @@ def test_the_temporary_a_killed_writer_left_is_removed_by_the_next_write_of_that
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (path, live, other_host, not_ours))
 
 
+def test_an_atomic_write_reaches_the_disk_before_its_rename_and_the_rename_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a power cut needs (a kill does not): the new content flushed before the rename makes it the file, and
+    the folder's entry flushed after, in that order."""
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, Path.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), fsync(fd))
+    )
+    monkeypatch.setattr(Path, "replace", lambda self, to: (events.append(("replace", str(self))), replace(self, to))[1])
+    path = tmp_path / "result.json"
+    write_text_atomic(path, "whole")
+    (_, temporary), _, _ = events
+    assert events == [("fsync", temporary), ("replace", temporary), ("fsync", str(tmp_path))]
+    assert temporary != str(path) and path.read_text() == "whole"
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The checking pass: the rows cache, its seal and the source-digest memo.
 

@@ -175,7 +175,9 @@ def held_open_elsewhere(paths: set[Path]) -> set[Path]:
 def replaced_atomically(path: Path, needed: int | None = None) -> Iterator[Path]:
     """A temporary path to write `path`'s new content into (a file of any size, streamed), renamed onto `path` when
     the block ends: the final name never holds a partial file, a full disk leaves the previous file as it was and
-    says so (`DiskFull`, with `needed` bytes when known), and any failure removes the temporary.
+    says so (`DiskFull`, with `needed` bytes when known), and any failure removes the temporary. The content is
+    flushed to disk before the rename and the rename after it (fsync), so a power cut leaves the old file or the new
+    one, whole.
 
     The temporary name is unique, so two writers of one file never write into, or rename, each other's half-file;
     temporaries that killed writers left are removed first (`remove_stale_temporaries`).
@@ -185,12 +187,23 @@ def replaced_atomically(path: Path, needed: int | None = None) -> Iterator[Path]
     try:
         with naming_a_full_disk(path, needed):
             yield tmp
+            _fsync(tmp)
         crash_point(f"{path.name} written, not yet renamed")
         tmp.replace(path)
+        _fsync(path.parent)
         crash_point(f"{path.name} renamed into place")
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's content, or a folder's entries, to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
