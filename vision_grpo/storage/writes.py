@@ -154,7 +154,10 @@ def process_running(pid: int) -> bool:
 
 def held_open_elsewhere(paths: set[Path]) -> set[Path]:
     """Those of `paths` that another process of this machine holds open (a live writer's file): one look at every
-    process's open files in /proc (those of another user's processes cannot be read, and count as not held)."""
+    process's open files in /proc (those of another user's processes cannot be read, and count as not held). Our
+    own temporaries need none of it (their names carry their writer); the rows cache's clean-up after a full disk
+    does: `datasets` names its temporary at random in the folder every key's pass shares, and a file another pass
+    still writes is told from a dead one only by its open handle."""
     targets = {os.path.realpath(path): path for path in paths}
     held: set[Path] = set()
     for descriptors in Path("/proc").glob("[0-9]*/fd"):
