@@ -9,7 +9,9 @@ see and whether the file is whole. Both come from the container here, for a frac
 - integrity, per format: JPEG, its marker segments in bounds up to the end-of-image marker (the one failure of a
   JPEG decode that Pillow raises for, truncation, is a missing end; corrupt entropy data only makes libjpeg warn);
   PNG, every chunk in bounds with its CRC-32 right, up to IEND (stricter than Pillow's decode, which skips the pixel
-  chunks' CRCs); WebP, the RIFF chunks in bounds and a VP8/VP8L bitstream present (a bitstream damaged inside whole
+  chunks' CRCs; Pillow's `verify()` checks them too, but a PNG without pixel data fails there with an IndexError that
+  names nothing, and the walk is needed anyway to find metadata after the pixels: tests/test_data_encoded_images.py
+  shows both); WebP, the RIFF chunks in bounds and a VP8/VP8L bitstream present (a bitstream damaged inside whole
   chunks is found only by decoding: at access, or before training with `vqa_image_check: decode`).
 
 Any other format is decoded by the pass, as before.

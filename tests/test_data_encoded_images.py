@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from PIL import Image, ImageFile, WebPImagePlugin
 from trl import GRPOConfig, ModelConfig
 
-from vision_grpo.data import get_dataset, get_rows
+from vision_grpo.data import encoded_images, get_dataset, get_rows
 from vision_grpo.data.prompts_and_images import normalize_image, normalized_size
 from vision_grpo.data.reading import UnreadableRow, found_when_read
 from vision_grpo.data.task_vqa import VQADataError
@@ -239,3 +239,25 @@ def test_training_skips_a_row_found_unreadable_when_read_and_the_manifest_counts
     manifest = json.loads((tmp_path / "runs" / "second" / "manifest.json").read_text())
     assert manifest["rows_unused"]["train"] == {"invalid, skipped (skip_bad_rows)": 1}
     assert manifest["global_step"] == 2 and manifest["rows_skipped_when_read"] == {}
+
+
+def test_pillows_png_verify_misses_what_the_chunk_walk_finds_which_is_why_the_walk_stays() -> None:
+    """Pillow's open and `verify()` check every chunk's CRC up to IEND as the walk does (data/encoded_images.py, at
+    the same speed), but a PNG without pixel data fails there with an IndexError that names nothing, IEND's own CRC
+    goes unchecked, and the walk alone tells whether metadata follows the pixels (where the orientation is read only
+    after decoding). The day Pillow names these, this fails and the walk can give way to it."""
+    whole = encoded("PNG", (64, 48))
+    end = whole.index(b"IEND") - 4
+    no_pixels, bad_end = whole[:33] + whole[end:], whole[:-1] + bytes([whole[-1] ^ 1])
+
+    def pillow(data: bytes) -> BaseException | None:
+        try:
+            Image.open(io.BytesIO(data)).verify()
+        except Exception as error:
+            return error
+        return None
+
+    assert isinstance(pillow(no_pixels), IndexError) and pillow(bad_end) is None
+    with memoryview(no_pixels) as pixels, memoryview(bad_end) as end_chunk:
+        assert encoded_images._png_problem(pixels) == "corrupt PNG file (no IDAT chunk)"
+        assert "CRC mismatch in its IEND chunk" in encoded_images._png_problem(end_chunk)
