@@ -66,7 +66,7 @@ def measure(count: int, side: int, folder: Path) -> dict[str, float]:
     """In this process: write the split, evaluate it, return peak RSS (MiB) before and after the evaluation."""
     from trl import GRPOConfig, ModelConfig
 
-    from vision_grpo.evaluation.arguments import EvalArguments
+    from vision_grpo.evaluation.eval_options import EvalArguments
     from vision_grpo.evaluation.evaluate import run_evaluation
     from vision_grpo.evaluation.evaluator import Evaluator
     from vision_grpo.models.loading import get_processor, load_model

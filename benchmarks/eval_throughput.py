@@ -23,8 +23,8 @@ from common import RECIPE, machine, markdown_table, median, report
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
-from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.evaluation.evaluate import run_evaluation
 from vision_grpo.models.loading import load_model, max_pixels_of
 from vision_grpo.models.lora import get_peft_config

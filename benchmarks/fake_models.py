@@ -16,7 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from vision_grpo.models.vision import VISION_MODULE_PATTERN
 from vision_grpo.plan import formulas as mf
-from vision_grpo.plan.build import SHIPPED_CONFIGS
+from vision_grpo.plan.estimate import SHIPPED_CONFIGS
 
 FAMILIES = {"Qwen2.5-VL-3B": "Qwen--Qwen2.5-VL-3B-Instruct", "Qwen3-VL-4B": "Qwen--Qwen3-VL-4B-Instruct"}
 FAMILIES["Qwen3.5-4B"] = "Qwen--Qwen3.5-4B"

@@ -141,8 +141,8 @@ def stage_eval(model_dir: str, items: int, batch: int, single: int, workdir: str
     from trl import GRPOConfig, ModelConfig
 
     from vision_grpo.data import get_dataset
-    from vision_grpo.evaluation.arguments import EvalArguments
     from vision_grpo.evaluation.backends import build_evaluator
+    from vision_grpo.evaluation.eval_options import EvalArguments
     from vision_grpo.evaluation.evaluate import run_evaluation
     from vision_grpo.models.loading import max_pixels_of
     from vision_grpo.recipe.arguments import TaskArguments

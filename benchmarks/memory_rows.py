@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
 from vision_grpo.plan import formulas as mf
-from vision_grpo.plan.build import parameter_counts
+from vision_grpo.plan.estimate import parameter_counts
 
 
 def layer_rows(family: str, layer_types: list[str], batch: int, length: int) -> list[dict[str, Any]]:

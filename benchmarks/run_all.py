@@ -35,9 +35,9 @@ BENCHMARKS = (
     "train_overhead",
     "step_profile",
     "memory_scaling",
-    "families",
+    "replica_costs",
     "vision_once",
-    "training_pass",
+    "training_pass_costs",
 )
 
 
@@ -64,7 +64,7 @@ def summary(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
     recipe_row = recipe_rows[0]  # the run with the inherited thread count
     profiled = results["step_profile"]["ours"]
     hooks, step = profiled["our per-step hooks (reward checks, callbacks, sampler)"], profiled[TRAINING_STEP]
-    stages, packed = startup["stages_s"], results["training_pass"]
+    stages, packed = startup["stages_s"], results["training_pass_costs"]
     imports = sum(v for k, v in stages.items() if k.startswith("import"))
     return [
         # CPU seconds: the same tokens on both sides (checked), and far less moved by other work on the machine.
@@ -93,7 +93,7 @@ def summary(results: dict[str, dict[str, Any]]) -> list[list[Any]]:
             f"{results['vision_once']['step_ratio_frozen']:.2f}x",
             ">= 1.5x",
         ],
-        ["training pass time TRL's / packed (training_pass.py)", f"{packed['pass_ratio']:.2f}x", ">= 3x"],
+        ["training pass time TRL's / packed (training_pass_costs.py)", f"{packed['pass_ratio']:.2f}x", ">= 3x"],
         ["step time TRL's pass / packed", f"{packed['step_ratio']:.2f}x", ">= 2x"],
         ["training peak memory TRL's pass / packed", f"{packed['peak_memory_ratio']:.2f}x", ">= 1.5x"],
         *[

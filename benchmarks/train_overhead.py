@@ -32,7 +32,7 @@ from common import RECIPE, Measured, check, machine, markdown_table, median, rea
 
 SIDES = {"ours": ["recipes/train.py"], "bare": ["benchmarks/bare_trl.py"]}
 # The overhead of the entry point, on TRL's training pass: the packed pass computes the same update in another float
-# summation order, and the round-off changes the next step's samples (benchmarks/training_pass.py measures it).
+# summation order, and the round-off changes the next step's samples (benchmarks/training_pass_costs.py measures it).
 TRL_TRAINING_PASS = ["--share_prompt_in_training", "false", "--balance_micro_batches", "false"]
 TRL_TRAINING_PASS += ["--skip_zero_advantage", "false"]
 

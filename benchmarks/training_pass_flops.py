@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from vision_grpo.plan import formulas as mf
-from vision_grpo.plan.build import DEFAULT_IMAGE_PIXELS, model_config, parameter_counts
+from vision_grpo.plan.estimate import DEFAULT_IMAGE_PIXELS, model_config, parameter_counts
 
 MODELS = ("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen3-VL-4B-Instruct", "Qwen/Qwen3.5-4B")
 PROMPTS, G, LIMIT = 8, 8, 1024

@@ -98,7 +98,7 @@ def test_gpu_benchmark_config_is_the_shipped_3b_config() -> None:
     parameters the memory plan counts for its copy of Qwen2.5-VL-3B-Instruct's Hub config.json, exactly."""
     from transformers import AutoConfig
 
-    from vision_grpo.plan.build import SHIPPED_CONFIGS, parameter_counts
+    from vision_grpo.plan.estimate import SHIPPED_CONFIGS, parameter_counts
 
     process = run_script(["benchmarks/gpu_qwen2_5_vl_3b.py", "--dry-run"], timeout=300)
     figures = json.loads(process.stdout.split("RESULT gpu_qwen2_5_vl_3b ", 1)[1].splitlines()[0])
@@ -130,7 +130,7 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
     assert evaluation["batching_speedup"] == pytest.approx(evaluation["base batch 8"]["samples_per_s"] / base)
     scaling = json.loads((tmp_path / "memory_scaling.json").read_text())
     assert len(scaling["train"]) >= 2 and scaling["evaluator"]["peak_rss_mib"] > 100
-    packed = json.loads((tmp_path / "training_pass.json").read_text())
+    packed = json.loads((tmp_path / "training_pass_costs.json").read_text())
     assert packed["tokens_per_signal"]["new"] < packed["tokens_per_signal"]["before"]
     assert packed["max_log_prob_difference"] <= 1e-5 and packed["max_weight_difference"] <= 1e-5
     for line in (

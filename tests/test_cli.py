@@ -10,7 +10,7 @@ import pytest
 from conftest import run_script
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.launched import errors_named_first

@@ -220,7 +220,7 @@ def test_a_failed_stage_stops_the_stage_running_beside_it(tmp_path: Path, monkey
     and the other stage is sent SIGTERM (our entry points then save a checkpoint) instead of running on to its end."""
     import signal
 
-    from vision_grpo.demo import cli, stages
+    from vision_grpo.demo import demo_command, stages
 
     fails, sleeps = tmp_path / "fails.py", tmp_path / "sleeps.py"
     fails.write_text("import sys, time\ntime.sleep(2)\nsys.exit('warm start failed')\n")
@@ -241,7 +241,9 @@ def test_a_failed_stage_stops_the_stage_running_beside_it(tmp_path: Path, monkey
     monkeypatch.setattr(stages.subprocess, "Popen", popen)
     monkeypatch.setattr(stages, "run_stage", run_stage)
     with pytest.raises(SystemExit, match="warm start failed"):
-        cli.main(["--jobs", "2", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")])
+        demo_command.main(
+            ["--jobs", "2", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+        )
     (sleeper,) = [process for script, process in started if script == str(sleeps)]
     assert sleeper.returncode == -signal.SIGTERM
     assert not stages.RUNNING

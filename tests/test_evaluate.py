@@ -42,7 +42,7 @@ from vision_grpo.evaluation.adapters import (
     adapter_digest,
     load_verified_adapter,
 )
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.evaluation.evaluate import TIMING_KEYS
 from vision_grpo.evaluation.evaluator import Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.results import partial_path, reproducible_argv

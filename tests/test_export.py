@@ -22,7 +22,7 @@ from transformers import AutoModelForImageTextToText
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.adapters import AdapterMismatch, adapter_digest
 from vision_grpo.evaluation.vllm_backend import UnservableAdapter, check_vllm_lora
-from vision_grpo.export import cli as export_cli
+from vision_grpo.export import export_command as export_cli
 from vision_grpo.export.checks import ExportError
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model

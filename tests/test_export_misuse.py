@@ -14,7 +14,7 @@ from conftest import FAMILY_MODELS
 from lora_runs import lora_run
 
 from vision_grpo.evaluation.adapters import AdapterMismatch
-from vision_grpo.export import cli as export_cli
+from vision_grpo.export import export_command as export_cli
 from vision_grpo.export.checks import ExportError, hold_output
 from vision_grpo.recipe.arguments import RecipeError
 

@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 from vision_grpo.data.prepared import ROWS_CACHE
 from vision_grpo.evaluation import evaluate
 from vision_grpo.evaluation.results import partial_entries, partial_path
-from vision_grpo.export import cli as export_cli
+from vision_grpo.export import export_command as export_cli
 from vision_grpo.run.launched import raised_on_purpose
 from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.storage import writes

@@ -17,7 +17,7 @@ from conftest import REPO, run_script
 from tensorboard.backend.event_processing import event_accumulator
 
 from vision_grpo.models.gated_deltanet import gated_deltanet_path
-from vision_grpo.plan.build import SHIPPED_CONFIGS, parameter_counts
+from vision_grpo.plan.estimate import SHIPPED_CONFIGS, parameter_counts
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_check  # noqa: E402

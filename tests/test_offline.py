@@ -118,7 +118,7 @@ def test_without_a_home_every_cache_goes_under_the_temporary_directory(home: str
     probe = """
 import vision_grpo  # first, as every entry point imports it before huggingface_hub or datasets
 import json, datasets.config, huggingface_hub.constants as hub
-from vision_grpo.run.files import digest_cache_path
+from vision_grpo.run.locks_and_digests import digest_cache_path
 from vision_grpo.storage.cache_home import vision_grpo_cache
 caches = [hub.HF_HUB_CACHE, datasets.config.HF_DATASETS_CACHE, vision_grpo_cache(), digest_cache_path()]
 print(json.dumps([str(path) for path in caches]))

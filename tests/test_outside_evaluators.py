@@ -21,7 +21,7 @@ from vision_grpo.data import get_dataset
 from vision_grpo.data.geoqa_fixture import write_fixture
 from vision_grpo.data.vqa_fixtures import write_fixtures as write_vqa_fixtures
 from vision_grpo.evaluation import evaluate
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.evaluation.outside_evaluators import LMMS_EVAL_TASK, doc_to_messages, doc_to_text, process_results
 from vision_grpo.models.loading import get_processor, max_pixels_of
 from vision_grpo.recipe.arguments import TaskArguments

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vision_grpo.plan import build as plan_build
 from vision_grpo.plan import check as plan_check
-from vision_grpo.plan import cli as plan_cli
+from vision_grpo.plan import estimate as plan_build
 from vision_grpo.plan import formulas as mf
+from vision_grpo.plan import plan_command as plan_cli
 from vision_grpo.plan.parts import GiB
 from vision_grpo.recipe.arguments import RecipeError
 

@@ -19,10 +19,10 @@ from test_plan import REPO, _recipe
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from vision_grpo.models.gated_deltanet import gated_deltanet_path
-from vision_grpo.plan import build as plan_build
 from vision_grpo.plan import check as plan_check
-from vision_grpo.plan import cli as plan_cli
+from vision_grpo.plan import estimate as plan_build
 from vision_grpo.plan import formulas as mf
+from vision_grpo.plan import plan_command as plan_cli
 
 GEOQA = ["--config", "recipes/geoqa/qwen3_5_4b_lora.yaml"]
 

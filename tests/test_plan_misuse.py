@@ -10,7 +10,7 @@ import pytest
 from transformers import Qwen2Config
 
 from vision_grpo.data.prompts_and_images import MAX_DECODE_PIXELS
-from vision_grpo.plan import cli as plan_cli
+from vision_grpo.plan import plan_command as plan_cli
 from vision_grpo.recipe.bounds import PIXEL_CEILING
 
 RECIPE = ["--config", "recipes/geoqa/qwen3_5_4b_lora.yaml"]

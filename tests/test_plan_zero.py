@@ -24,8 +24,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
 )
 from test_plan import _fake_gpu, _recipe
 
-from vision_grpo.plan import build as plan_build
 from vision_grpo.plan import check as plan_check
+from vision_grpo.plan import estimate as plan_build
 from vision_grpo.plan.parts import GiB, Plan
 from vision_grpo.plan.zero import Zero, model_state_parts
 from vision_grpo.recipe.arguments import RecipeError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vision_grpo.plan import build as plan_build
+from vision_grpo.plan import estimate as plan_build
 from vision_grpo.plan import formulas as mf
 
 FAMILIES = {

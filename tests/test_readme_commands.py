@@ -23,7 +23,7 @@ from conftest import REPO
 from transformers import TrainingArguments
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.plan.check import recipe_plan
 from vision_grpo.recipe.arguments import TaskArguments
 from vision_grpo.recipe.parse import parse_recipe

@@ -13,7 +13,7 @@ import yaml
 from conftest import FAMILY_MODELS
 from trl import GRPOConfig, ModelConfig, SFTConfig
 
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.models.loading import load_model
 from vision_grpo.models.lora import check_lora_targets, get_peft_config
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments

@@ -40,7 +40,7 @@ from vision_grpo.plugins.rewards import get_recipe_rewards
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.run.checksums import CHECKSUMS, write_checksums
-from vision_grpo.run.files import hold_lock
+from vision_grpo.run.locks_and_digests import hold_lock
 from vision_grpo.run.manifest import code_identity, dataset_identity, write_run_start
 from vision_grpo.run.recipe_run import RecipeRun
 from vision_grpo.run.resume import TRAINER_STATE, RunConflict, resume_checkpoint

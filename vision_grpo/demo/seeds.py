@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from vision_grpo.demo.cli import write_report
+from vision_grpo.demo.demo_command import write_report
 from vision_grpo.demo.experiments import EXPERIMENTS, REPO, Experiment
 from vision_grpo.evaluation.statistics import mcnemar_exact
 

@@ -28,7 +28,7 @@ from peft import PeftModel, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForImageTextToText, PreTrainedModel
 
-from vision_grpo.run.files import content_digest
+from vision_grpo.run.locks_and_digests import content_digest
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_rows
 from vision_grpo.evaluation.adapters import adapter_base_model, check_adapter_dir, check_not_in_model
-from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.evaluation.evaluator import SEED, Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.results import (
     claim_output,

@@ -17,9 +17,9 @@ from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.evaluation.adapters import check_adapter_dir, check_not_in_model
-from vision_grpo.evaluation.arguments import EvalArguments
 from vision_grpo.evaluation.backends import build_evaluator
 from vision_grpo.evaluation.batches import chunks, read_batch
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.evaluation.evaluator import SEED, Evaluator, default_max_new_tokens
 from vision_grpo.evaluation.results import check_replaceable, evaluation_inputs, write_json_atomic
 from vision_grpo.models.loading import max_pixels_of

@@ -16,9 +16,9 @@ from accelerate import PartialState
 from trl import ModelConfig
 
 from vision_grpo.evaluation.adapters import adapter_digest
-from vision_grpo.evaluation.arguments import EvalArguments
+from vision_grpo.evaluation.eval_options import EvalArguments
 from vision_grpo.recipe.parse import recipe_path_of
-from vision_grpo.run.files import hold_lock
+from vision_grpo.run.locks_and_digests import hold_lock
 from vision_grpo.run.manifest import model_identity
 from vision_grpo.run.ranks import decided_by_main_process, from_main_process
 from vision_grpo.storage.writes import write_text_atomic

@@ -22,7 +22,7 @@ from vision_grpo.evaluation.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, FUL
 from vision_grpo.evaluation.results import not_a_result
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.vision import is_vision_parameter
-from vision_grpo.run.files import hold_lock
+from vision_grpo.run.locks_and_digests import hold_lock
 from vision_grpo.run.manifest import model_identity
 
 logger = logging.getLogger("vision_grpo.export")

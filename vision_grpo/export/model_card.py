@@ -17,7 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from vision_grpo.evaluation.adapters import MERGED_ADAPTER, MERGED_ADAPTER_WEIGHTS, adapter_digest
-from vision_grpo.run.files import content_digest
+from vision_grpo.run.locks_and_digests import content_digest
 
 SFT_TRAINER = "SFTTrainer"  # the manifest's `trainer` of a recipes/sft.py run
 

@@ -16,7 +16,7 @@ With `share_cache` (the default) the prompt's keys and values stay once per prom
 (`SharedPrefixLayer`): each row keeps only its own completion's, and a layer expands the prompt part to its rows only
 while it attends, so the persistent cache is D prompts + G x completion tokens instead of G x (prompt + completion).
 The attention sees the same tensors, so the samples are the same; the expansion is one broadcast copy per layer and
-decoding step, about the copy a row-per-copy cache makes when it appends (benchmarks/training_pass.py times both).
+decoding step, about the copy a row-per-copy cache makes when it appends (benchmarks/training_pass_costs.py times both).
 Gated DeltaNet's states are per row and small: copied as before.
 
 Only caches whose layers it knows are copied (attention keys and values, Gated DeltaNet's conv and recurrent

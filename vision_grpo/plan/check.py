@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vision_grpo.plan.build import (
+from vision_grpo.plan.estimate import (
     DEFAULT_EXPECTED_COMPLETION,
     DEFAULT_PROMPT_TEXT_TOKENS,
     accelerate_layout,

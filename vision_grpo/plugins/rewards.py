@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vision_grpo.plugins.files import ENDS_THE_RUN, ended, import_plugin, plugin_files
+from vision_grpo.plugins.discovery import ENDS_THE_RUN, ended, import_plugin, plugin_files
 from vision_grpo.plugins.reward_calls import StopRequested, reward_call
 from vision_grpo.plugins.reward_faults import FAIL, FaultPolicy, call_faults, describe
 from vision_grpo.plugins.reward_rounds import RewardRound

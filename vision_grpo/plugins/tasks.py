@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vision_grpo.plugins.files import import_plugin, plugin_files
+from vision_grpo.plugins.discovery import import_plugin, plugin_files
 
 BUILTIN_PACKAGE = "vision_grpo.data"
 # The `data/` folder: where the package `vision_grpo.data` is installed from (found without importing it).

@@ -24,7 +24,7 @@ import yaml
 from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.plugins.rewards import reward_sources
 from vision_grpo.plugins.tasks import task_of
-from vision_grpo.run.files import content_digest
+from vision_grpo.run.locks_and_digests import content_digest
 from vision_grpo.storage.writes import write_text_atomic
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "deepspeed", "vision-grpo-recipes")

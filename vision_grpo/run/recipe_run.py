@@ -25,7 +25,7 @@ from vision_grpo.models.embedded import EMBEDDED_MODELS
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe, recipe_path_of
 from vision_grpo.run.checksums import CheckpointChecksums
-from vision_grpo.run.files import hold_lock
+from vision_grpo.run.locks_and_digests import hold_lock
 from vision_grpo.run.manifest import (
     START_FILES,
     code_identity,

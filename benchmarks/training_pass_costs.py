@@ -1,7 +1,7 @@
 """The training pass that pays only for signal against TRL's, at the GeoQA seed's shapes, on replicas of the real
 models' proportions.
 
-    python benchmarks/training_pass.py [--quick] [--json FILE]
+    python benchmarks/training_pass_costs.py [--quick] [--json FILE]
 
 Models: each family's real config (vision_grpo/plan/model_configs/: Qwen2.5-VL-3B, Qwen3-VL-4B, Qwen3.5-4B) with
 every width divided by 16 (hidden, MLP, vision widths; heads divided by 16, at least one, each of the real head
@@ -382,7 +382,7 @@ def main() -> None:
     for family, value in figures["family_pass_ratio"].items():
         print(f"{family}: training pass before / new: {value:.2f}x")
     print(f"generation in the step: {generation:.1f} s; decoding, prompt cache once / copied: {decode_ratio:.2f}x")
-    report("training_pass", figures, args.json)
+    report("training_pass_costs", figures, args.json)
 
 
 def _values(value: Any) -> list[float]:

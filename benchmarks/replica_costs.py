@@ -1,6 +1,6 @@
 """The three embedded replicas side by side: build time, parameters, s/step and peak memory of the tiny recipe.
 
-    python benchmarks/families.py [--steps 8] [--quick]
+    python benchmarks/replica_costs.py [--steps 8] [--quick]
 
 Per family (Qwen2.5-VL, Qwen3-VL, Qwen3.5): the seconds `build_replica` takes into a fresh folder (tokenizer
 training, random weights, save), the parameter count, and one run of `recipes/train.py` on
@@ -62,7 +62,7 @@ def main() -> None:
     ]
     headers = ["replica", "build s", "parameters", "s/step", "CPU s/step", "peak RSS MiB"]
     print(markdown_table(headers, rows))
-    report("families", figures, args.json)
+    report("replica_costs", figures, args.json)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ from vision_grpo.models.embedded import resolve_model_path
 from vision_grpo.models.loading import get_processor, load_model
 from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
-from vision_grpo.run.files import permissions_as_created
+from vision_grpo.run.locks_and_digests import permissions_as_created
 from vision_grpo.run.manifest import read_manifest
 from vision_grpo.storage.crash_points import crash_point
 from vision_grpo.storage.writes import naming_a_full_disk
