@@ -49,7 +49,14 @@ class HoldoutAccuracy(TrainerCallback):
     """
 
     def __init__(
-        self, trainer: Trainer, rows: Any, task: str, reward_funcs: list, every: int, max_new_tokens: int
+        self,
+        trainer: Trainer,
+        rows: Any,
+        task: str,
+        reward_funcs: list,
+        every: int,
+        max_new_tokens: int,
+        rows_unused: dict[str, int] | None = None,
     ) -> None:
         if every < 1:
             raise ValueError(f"held-out evaluation every {every} steps: must be at least 1")
@@ -61,7 +68,7 @@ class HoldoutAccuracy(TrainerCallback):
         self.reward_funcs = reward_funcs
         self.every = every
         self.max_new_tokens = max_new_tokens
-        self.rows_unused: dict[str, int] = {}  # the split's rows its task left out, by reason (`from_recipe`)
+        self.rows_unused = rows_unused or {}  # the split's rows its task left out, by reason (the manifest's)
 
     @classmethod
     def from_recipe(cls, trainer: Trainer, task_args: Any, reward_funcs: list) -> HoldoutAccuracy:
@@ -69,9 +76,8 @@ class HoldoutAccuracy(TrainerCallback):
         loaded = get_rows(task_args, "eval", max_pixels_of(trainer.processing_class))
         rows = loaded.dataset.select(range(min(task_args.holdout_eval_size, len(loaded.dataset))))
         max_new_tokens = default_max_new_tokens(task_args, trainer.args)
-        holdout = cls(trainer, rows, task_args.task, reward_funcs, task_args.holdout_eval_steps, max_new_tokens)
-        holdout.rows_unused = loaded.unused
-        return holdout
+        every = task_args.holdout_eval_steps
+        return cls(trainer, rows, task_args.task, reward_funcs, every, max_new_tokens, rows_unused=loaded.unused)
 
     def evaluator(self) -> Evaluator:
         trainer = self.trainer
