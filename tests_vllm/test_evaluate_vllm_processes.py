@@ -5,6 +5,7 @@ its share of the rows, merged as the HF backend merges them, or one engine shard
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import RECIPE, check, run_python
@@ -40,3 +41,9 @@ def test_one_engine_sharded_over_two_processes_gives_the_one_process_records(res
     assert results["2"]["metadata"]["tensor_parallel_size"] == 1
     assert [r["id"] for r in sharded["records"]] == [r["id"] for r in results["1"]["records"]]
     assert sharded["records"] == results["1"]["records"]
+
+
+def test_a_sharded_engine_leaves_no_shared_memory_names_behind(results) -> None:
+    # vLLM's CPU communicator names its segments the same in every `external_launcher` run and creates them
+    # exclusively: one left behind fails every later tensor-parallel launch on the machine (errno 17)
+    assert not sorted(Path("/dev/shm").glob("*-cpushm_*"))

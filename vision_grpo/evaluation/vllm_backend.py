@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,21 @@ from vision_grpo.models.vllm_prompts import check_engine_prompt, collapse_image_
 
 # vLLM's accepted `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def unlink_cpu_shared_memory() -> None:
+    """Remove the names of the shared-memory segments vLLM's CPU communicator mapped into this process, keeping the
+    mappings. Every rank has joined them once the engine is built (vLLM's own barrier follows the join), so no name
+    is needed again.
+
+    vLLM names them after the launch's init method, which for `external_launcher` is always `env://`, and creates
+    them exclusively: it unlinks them only in C++ destructors at process exit, which a worker ending through
+    `vision_grpo.run.launched.finish` (`os._exit`) or a killed one skips, and every later tensor-parallel launch
+    on the machine then fails with "create shm in SHMManager failed. errno: 17"."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if re.fullmatch(r"/dev/shm/.*-cpushm_\d+", path):
+            Path(path).unlink(missing_ok=True)  # another rank may have removed it first
 
 
 def check_tensor_parallel(tensor_parallel_size: int, num_processes: int) -> int:
@@ -166,6 +182,8 @@ class VLLMEvaluator(Evaluator):
             **lora,
             **parallel,
         )
+        if parallel and state.device.type == "cpu":
+            unlink_cpu_shared_memory()
 
     def close(self) -> None:
         """Shut the engine down now, not at interpreter exit: with several processes each engine's workers and
