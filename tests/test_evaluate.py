@@ -52,7 +52,7 @@ from vision_grpo.models.loading import get_processor, load_model, max_pixels_of
 from vision_grpo.models.replicas.build import build_tokenizer
 from vision_grpo.models.replicas.families import FAMILIES, qwen2_5_vl_config
 from vision_grpo.models.vision import is_vision_parameter
-from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.recipe.arguments import RecipeError, TaskArguments
 from vision_grpo.recipe.parse import parse_recipe
 from vision_grpo.training.holdout import HoldoutAccuracy
 
@@ -368,9 +368,22 @@ def test_rows_skipped_under_skip_bad_rows_are_recorded_in_the_result(tmp_path: P
     assert result["metadata"]["rows_unused_ids"] == {"invalid, skipped (skip_bad_rows)": ["no-image"]}
 
 
-def test_output_in_a_missing_folder_fails_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", [evaluate.main, pass_at_k.main], ids=["evaluate", "pass_at_k"])
+@pytest.mark.parametrize("recipe", [SHAPES_RECIPE, "recipes/shapes/tiny_sft.yaml"], ids=["grpo", "sft"])
+def test_output_in_a_missing_folder_fails_at_once(tmp_path: Path, entry, recipe: str) -> None:
+    # An SFT recipe parses too (its SFT-only keys, such as `max_length`, are checked and left out): the failure is the
+    # output folder, the first check after the recipe
     with pytest.raises(FileNotFoundError, match="output folder .*missing does not exist"):
-        evaluate.main(["--config", SHAPES_RECIPE, "--output", str(tmp_path / "missing" / "eval.json")])
+        entry(["--config", recipe, "--output", str(tmp_path / "missing" / "eval.json")])
+
+
+def test_an_sft_recipe_key_of_the_wrong_type_is_still_refused(tmp_path: Path) -> None:
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(
+        (REPO / "recipes/shapes/tiny_sft.yaml").read_text().replace("max_length: null", "max_length: [1]")
+    )
+    with pytest.raises(RecipeError, match=r"`max_length: \[1\]` has type list"):
+        evaluate.main(["--config", str(recipe), "--output", str(tmp_path / "eval.json")])
 
 
 def _header_and_records(records: int) -> bytes:

@@ -18,7 +18,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from trl import GRPOConfig, ModelConfig
+from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.data import get_rows
 from vision_grpo.evaluation.adapters import adapter_base_model, check_adapter_dir, check_not_in_model
@@ -132,7 +132,7 @@ def run_evaluation(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
     task_args, train_args, model_args, eval_args = parse_recipe(
-        (TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv
+        (TaskArguments, GRPOConfig, ModelConfig, EvalArguments), argv, also_read_by=(SFTConfig,)
     )
     if eval_args.write_held_out:
         from vision_grpo.evaluation.outside_evaluators import write_held_out  # pyarrow writer, only for this

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig
-from trl import GRPOConfig, ModelConfig
+from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from vision_grpo.data import get_dataset
 from vision_grpo.evaluation.adapters import check_adapter_dir, check_not_in_model
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Sample `--k` completions per held-out image; write and return {"summary", "metadata", "records"}."""
     argv = sys.argv[1:] if argv is None else argv
     task_args, train_args, model_args, eval_args, sampling_args = parse_recipe(
-        (TaskArguments, GRPOConfig, ModelConfig, EvalArguments, SamplingArguments), argv
+        (TaskArguments, GRPOConfig, ModelConfig, EvalArguments, SamplingArguments), argv, also_read_by=(SFTConfig,)
     )
     if eval_args.backend != "hf":
         raise ValueError("pass@k samples with transformers (--backend hf); --backend vllm is eval/evaluate.py's")

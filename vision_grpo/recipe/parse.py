@@ -185,12 +185,15 @@ def check_cli_flags(argv: list[str], parser: argparse.ArgumentParser) -> None:
             raise RecipeError(f"command line: unknown flag {shown_key(flag)}{hint}")
 
 
-def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None) -> tuple[Any, ...]:
+def parse_recipe(
+    config_classes: tuple[type, ...], argv: list[str] | None = None, also_read_by: tuple[type, ...] = ()
+) -> tuple[Any, ...]:
     """Parse `--config recipe.yaml` plus CLI overrides into one instance of each of `config_classes`.
 
     Training passes (TaskArguments, GRPOConfig or SFTConfig, ModelConfig); the evaluator adds its own dataclass, so
-    it reads the very recipe training used and every field stays overridable on the command line. `--help` prints
-    our keys, grouped, and exits 0 (`--help_all`: TRL's full list).
+    it reads the very recipe training used and every field stays overridable on the command line. Keys that only
+    the classes `also_read_by` know (the evaluator passes SFTConfig: it reads SFT recipes too) are checked like the
+    others and left out. `--help` prints our keys, grouped, and exits 0 (`--help_all`: TRL's full list).
     """
     argv = sys.argv[1:] if argv is None else argv
     path = recipe_path_of(argv)
@@ -201,14 +204,15 @@ def parse_recipe(config_classes: tuple[type, ...], argv: list[str] | None = None
     parser = _RecipeParser(config_classes)
     exit_with_help(argv, config_classes, parser)
     check_cli_flags(argv, parser)
-    check_recipe_keys(path, recipe, config_classes)
+    check_recipe_keys(path, recipe, (*config_classes, *also_read_by))
     _checkpointing_default_under_its_current_name(parser, config_classes, {*recipe, *argv})
     where = f"recipe {path}" if path is not None else "command line"
     for name, value in recipe.get("env", {}).items():  # TRL's `env:` block, set as TrlParser sets it
         os.environ[name] = str(value)
     flags = argv[: argv.index("--config")] + argv[argv.index("--config") + 2 :] if path is not None else argv
     try:
-        parser.set_defaults_with_config(**{key: value for key, value in recipe.items() if key != "env"})
+        known = _field_types(config_classes)
+        parser.set_defaults_with_config(**{key: value for key, value in recipe.items() if key in known})
         parsed = tuple(parser.parse_args_into_dataclasses(args=flags))
     except ValueError as error:  # argparse's, our checks', or a trainer config's own (GRPOConfig's batch arithmetic)
         raise RecipeError(f"{where}: {error}") from None
