@@ -139,7 +139,7 @@ def test_run_all_quick_runs_every_benchmark_and_prints_the_summary(tmp_path: Pat
         "step time before / new: ",
         "peak memory before / new: ",
         "max |log-prob difference|: ",
-        "Qwen3.5: training pass before / new: ",
+        "Qwen2.5-VL: training pass before / new: ",
     ):
         assert f"\n{line}" in process.stdout, line
     summary = process.stdout.split("=== summary", 1)[1]
