@@ -29,6 +29,28 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 
+def real_size_config(published: str, replica: str) -> Any:
+    """The config `published` (a copy of a Hub config.json in vision_grpo/plan/model_configs/, the one the memory plan
+    reads) in the class of the embedded replica `replica`, with the replica's token ids: the replica's tokenizer,
+    template and processor then drive a model of the real dimensions (random weights, nothing downloaded; every id
+    of the replica's tokenizer lies inside the real vocabulary)."""
+    from transformers import AutoConfig
+
+    from vision_grpo.models.embedded import resolve_model_path
+
+    real = json.loads((REPO / "vision_grpo/plan/model_configs" / f"{published}.json").read_text())
+    ids = AutoConfig.from_pretrained(resolve_model_path(replica))
+    text = {**real.get("text_config", real)}  # Qwen2.5-VL's copy keeps the text keys at the top level
+    text.update({key: getattr(ids.text_config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")})
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return type(ids)(
+        text_config=text,
+        vision_config=real["vision_config"],
+        tie_word_embeddings=text.get("tie_word_embeddings", False),
+        **{key: getattr(ids, key) for key in tokens},
+    )
+
+
 @dataclass
 class Measured:
     """A finished subprocess: exit status, wall seconds, peak resident memory of it and its children, CPU seconds."""

@@ -27,7 +27,7 @@ evaluation of random-weight Qwen2.5-VL-3B (outside the 10-minute estimate).
 Time: each part runs in its own process under a cap, and the whole check under `--budget-s` (570): a part past its
 cap, or with too little of the budget left, is killed or not started and recorded as skipped with the reason, so
 the check ends inside the budget and still writes both files. Parts run most wanted first: build the weights (once,
-kept in --workdir: random bf16 init on the GPU, 9.3 GB of safetensors), eval_hf, train_hf, train_hf_trl_pass,
+kept in --workdir: random bf16 init on the GPU, 9.1 GB of safetensors), eval_hf, train_hf, train_hf_trl_pass,
 train_vllm, eval_vllm, train_hf_per_copy; each part's cap (120-160 s) is in `EVAL_CAPS` and `TRAIN_PARTS`. The caps
 come from estimates for one H200 (process start and load ~25 s, HF decoding ~30-35 ms a step at this size, vLLM's
 engine start ~60 s, the training pass 3.2e15 FLOPs at an assumed 30% of 989 TFLOPS, doubled on the Gated DeltaNet
@@ -35,10 +35,11 @@ torch fallback), not from a measurement: they sum to ~620 s, so the last part is
 run faster.
 
 Each model is the embedded replica (`vision-grpo/tiny-qwen3.5`, `vision-grpo/tiny-qwen2.5-vl`: tokenizer, chat
-template, processor, config) with the published dimensions put into its config (below), random bf16 weights made on
-the GPU, the family's real pixel limits. `--dry-run` runs every part at replica size on a CPU (float32, 4 new
-tokens, 8-token completions) through the same stage code; memory is then not measured (`null`, no GPU), only the
-plan's figures and how often each phase ran; vLLM parts are skipped without CUDA.
+template, processor) in the published config (the memory plan's copy, vision_grpo/plan/model_configs/) with the
+replica's token ids, random bf16 weights made on the GPU, the family's real pixel limits. `--dry-run` runs every
+part at replica size on a CPU (float32, 4 new tokens, 8-token completions) through the same stage code; memory is
+then not measured (`null`, no GPU), only the plan's figures and how often each phase ran; vLLM parts are skipped
+without CUDA.
 
 The GPU machine has CUDA torch, accelerate and an older transformers, but no trl or datasets and no registry. Where
 pip works, download the wheels it lacks (about 16 MB; Python 3.12, manylinux x86-64), carry `.whl`, install there:
@@ -67,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, read_step_log
+from common import REPO, read_step_log, real_size_config
 from gpu_check_parts import (
     EVAL_CAPS,
     STEP_PHASES,
@@ -83,64 +84,23 @@ from gpu_check_parts import (
     step_plan_phases,
     write_outputs,
 )
-from gpu_qwen2_5_vl_3b import MAX_PIXELS, MIN_PIXELS, TEXT_CONFIG, VISION_CONFIG
 
 from vision_grpo.models.gated_deltanet import describe_gated_deltanet_path, gated_deltanet_path
 
 SEED_RECIPE = "recipes/geoqa/qwen3_5_4b_lora.yaml"
-# Qwen3.5-4B at its published dimensions: hidden 2,560, 32 layers with full attention every 4th (the rest Gated
-# DeltaNet), 16 query / 4 key-value heads of 256, vocabulary 248,320, tied embeddings, mrope [11, 11, 10] over a
-# quarter of each head; the MLP width and the linear-attention heads are those of the copies of its config.json we
-# could read (not the Hub file itself), and give the 4.65 B parameters counted in the README.
-QWEN3_5_4B_LAYERS = 32
-QWEN3_5_4B_TEXT = {
-    "vocab_size": 248320,
-    "hidden_size": 2560,
-    "intermediate_size": 9216,
-    "num_hidden_layers": QWEN3_5_4B_LAYERS,
-    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(QWEN3_5_4B_LAYERS)],
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 262144,
-    "tie_word_embeddings": True,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 10000000,
-        "partial_rotary_factor": 0.25,
-        "mrope_interleaved": True,
-        "mrope_section": [11, 11, 10],
-    },
-}
-QWEN3_5_4B_VISION = {
-    "depth": 27,
-    "hidden_size": 1152,
-    "intermediate_size": 4304,
-    "num_heads": 16,
-    "out_hidden_size": 2560,
-    "num_position_embeddings": 2304,
-    "patch_size": 16,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-}
+# name -> the replica that gives the tokenizer, template and processor; the published config (the memory plan's copy,
+# vision_grpo/plan/model_configs/) that gives the dimensions; the recipe; the processor's pixel limits.
 MODELS = {
     "qwen2.5-vl-3b": {
         "replica": "vision-grpo/tiny-qwen2.5-vl",
+        "config": "Qwen--Qwen2.5-VL-3B-Instruct",
         "recipe": "recipes/geoqa/qwen2_5_vl_3b_lora.yaml",
-        "text": {**TEXT_CONFIG, "layer_types": ["full_attention"] * TEXT_CONFIG["num_hidden_layers"]},
-        "vision": VISION_CONFIG,
-        "pixels": (MIN_PIXELS, MAX_PIXELS),
+        "pixels": (56 * 56, 28 * 28 * 16384),  # Qwen2.5-VL's processor defaults: 4 to 16,384 tokens of 28 x 28
     },
     "qwen3.5-4b": {
         "replica": "vision-grpo/tiny-qwen3.5",
+        "config": "Qwen--Qwen3.5-4B",
         "recipe": SEED_RECIPE,
-        "text": QWEN3_5_4B_TEXT,
-        "vision": QWEN3_5_4B_VISION,
         "pixels": (256 * 256, 4096 * 4096),  # Qwen3-VL's processor defaults (its shortest/longest edge in pixels)
     },
 }
@@ -164,17 +124,15 @@ TRAIN_PARTS = {
 
 
 def real_config(name: str, toy: bool) -> Any:
-    """The replica's config; at real size with the published dimensions put in (its token ids stay the replica's)."""
+    """The replica's config; at real size the published one with the replica's token ids (`real_size_config`)."""
     from transformers import AutoConfig
 
     from vision_grpo.models.embedded import resolve_model_path
 
     spec = MODELS[name]
-    config = AutoConfig.from_pretrained(resolve_model_path(spec["replica"]))
-    if not toy:
-        config.text_config.update(spec["text"])
-        config.vision_config.update(spec["vision"])
-    return config
+    if toy:
+        return AutoConfig.from_pretrained(resolve_model_path(spec["replica"]))
+    return real_size_config(spec["config"], spec["replica"])
 
 
 def parameter_count(name: str) -> int:

@@ -6,7 +6,7 @@ Each benchmark runs in its own process, one after the other (never two at once: 
 with one torch thread unless `--threads` says otherwise (see its help; memory_scaling compares thread counts).
 Their own tables are printed as they finish; the summary at the end repeats the headline figures with the
 date and the machine. `--quick` runs each at its smallest setting (the smoke test's; the figures mean little).
-The GPU benchmark (`gpu_qwen2_5_vl_3b.py`) is not run here: it needs a GPU (`--dry-run` checks it anywhere).
+The GPU check (`gpu_check.py`) is not run here: it needs a GPU (`--dry-run` runs it anywhere).
 """
 
 from __future__ import annotations
