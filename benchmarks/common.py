@@ -34,18 +34,54 @@ def real_size_config(published: str, replica: str) -> Any:
     reads) in the class of the embedded replica `replica`, with the replica's token ids: the replica's tokenizer,
     template and processor then drive a model of the real dimensions (random weights, nothing downloaded; every id
     of the replica's tokenizer lies inside the real vocabulary)."""
+    text, vision, ids = _published(published, replica)
+    return _config(ids, text, vision)
+
+
+def scaled_config(published: str, replica: str, width: int, depth: int) -> Any:
+    """`real_size_config` with every width divided by `width` (hidden, MLP and vision widths; heads too, at least
+    one, each of the real head size; one key-value head) and every depth by `depth` (layer types and the vision
+    tower's full-attention and deepstack layers keep their relative places), and the replica's vocabulary: a model
+    whose parts keep the real model's proportions at a size a CPU runs."""
+    text, vision, ids = _published(published, replica)
+    layers = text["num_hidden_layers"] // depth
+    head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])
+    text.update(_divided(text, ("hidden_size", "intermediate_size", "num_attention_heads"), width))
+    text.update(_divided(text, ("linear_num_key_heads", "linear_num_value_heads"), width))
+    text.update(num_key_value_heads=1, num_hidden_layers=layers, max_position_embeddings=16384, head_dim=head_dim)
+    text["vocab_size"] = ids.text_config.vocab_size
+    if "layer_types" in text:
+        text["layer_types"] = text["layer_types"][:layers]
+    vision.update(_divided(vision, ("hidden_size", "intermediate_size", "num_heads"), width))
+    vision.update(depth=vision["depth"] // depth, out_hidden_size=text["hidden_size"])
+    for key in ("fullatt_block_indexes", "deepstack_visual_indexes"):
+        if key in vision:
+            vision[key] = sorted({i // depth for i in vision[key]})
+    return _config(ids, text, vision)
+
+
+def _published(published: str, replica: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """The text and vision sections of a shipped Hub config copy, and the replica's config (for its token ids)."""
     from transformers import AutoConfig
 
     from vision_grpo.models.embedded import resolve_model_path
 
     real = json.loads((REPO / "vision_grpo/plan/model_configs" / f"{published}.json").read_text())
-    ids = AutoConfig.from_pretrained(resolve_model_path(replica))
     text = {**real.get("text_config", real)}  # Qwen2.5-VL's copy keeps the text keys at the top level
+    return text, dict(real["vision_config"]), AutoConfig.from_pretrained(resolve_model_path(replica))
+
+
+def _divided(section: dict[str, Any], keys: tuple[str, ...], by: int) -> dict[str, int]:
+    return {key: max(1, section[key] // by) for key in keys if key in section}
+
+
+def _config(ids: Any, text: dict[str, Any], vision: dict[str, Any]) -> Any:
+    """A config of the replica's class from `text` and `vision`, with the replica's special-token ids."""
     text.update({key: getattr(ids.text_config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")})
     tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return type(ids)(
         text_config=text,
-        vision_config=real["vision_config"],
+        vision_config=vision,
         tie_word_embeddings=text.get("tie_word_embeddings", False),
         **{key: getattr(ids, key) for key in tokens},
     )

@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, machine, report
+from common import REPO, machine, report, scaled_config
 
 FAMILIES = {
-    "Qwen2.5-VL": ("Qwen--Qwen2.5-VL-3B-Instruct.json", "vision-grpo/tiny-qwen2.5-vl"),
-    "Qwen3-VL": ("Qwen--Qwen3-VL-4B-Instruct.json", "vision-grpo/tiny-qwen3-vl"),
-    "Qwen3.5": ("Qwen--Qwen3.5-4B.json", "vision-grpo/tiny-qwen3.5"),
+    "Qwen2.5-VL": ("Qwen--Qwen2.5-VL-3B-Instruct", "vision-grpo/tiny-qwen2.5-vl"),
+    "Qwen3-VL": ("Qwen--Qwen3-VL-4B-Instruct", "vision-grpo/tiny-qwen3-vl"),
+    "Qwen3.5": ("Qwen--Qwen3.5-4B", "vision-grpo/tiny-qwen3.5"),
 }
 MAIN = "Qwen2.5-VL"
 FULL = {"side": 1008, "groups": 5, "dead": 2, "mean": 279, "limit": 1024, "at_limit": 2, "text": 250, "steps": 3}
@@ -60,45 +60,6 @@ QUICK["decode"] = 8
 G = 8
 WIDTH, DEPTH = 16, 4
 TRL_PASS = {"share_prompt_in_training": False, "balance_micro_batches": False, "skip_zero_advantage": False}
-
-
-def _scaled(section: dict[str, Any], keys: tuple[str, ...], by: int) -> dict[str, Any]:
-    return {key: max(1, section[key] // by) for key in keys if key in section}
-
-
-def scaled_config(family: str) -> Any:
-    """The family's real config, widths / 16 and depths / 4 (module docstring), with the replica's token ids."""
-    from transformers import AutoConfig
-
-    from vision_grpo.models.embedded import resolve_model_path
-
-    real = json.loads((REPO / "vision_grpo/plan/model_configs" / FAMILIES[family][0]).read_text())
-    replica = AutoConfig.from_pretrained(resolve_model_path(FAMILIES[family][1]))
-    text, vision = real.get("text_config", real), dict(real["vision_config"])
-    layers = text["num_hidden_layers"] // DEPTH
-    text = {
-        **text,
-        **_scaled(text, ("hidden_size", "intermediate_size", "num_attention_heads"), WIDTH),
-        **_scaled(text, ("linear_num_key_heads", "linear_num_value_heads"), WIDTH),
-        "num_key_value_heads": 1,
-        "num_hidden_layers": layers,
-        "max_position_embeddings": 16384,
-        **{k: getattr(replica.text_config, k) for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")},
-    }
-    if "layer_types" in text:
-        text["layer_types"] = text["layer_types"][:layers]
-    if "head_dim" not in text:  # Qwen2.5-VL: the head size is hidden / heads; keep the real one
-        real_text = real.get("text_config", real)
-        text["head_dim"] = real_text["hidden_size"] // real_text["num_attention_heads"]
-    depth = vision["depth"]
-    vision.update(_scaled(vision, ("hidden_size", "intermediate_size", "num_heads"), WIDTH))
-    vision.update(depth=depth // DEPTH, out_hidden_size=text["hidden_size"])
-    for key in ("fullatt_block_indexes", "deepstack_visual_indexes"):
-        if key in vision:
-            vision[key] = sorted({i // DEPTH for i in vision[key]})
-    tokens = {k: getattr(replica, k) for k in ("image_token_id", "video_token_id")}
-    tokens.update({k: getattr(replica, k) for k in ("vision_start_token_id", "vision_end_token_id")})
-    return type(replica)(text_config=text, vision_config=vision, tie_word_embeddings=True, **tokens)
 
 
 def generation_batch(processor: Any, sizes: dict[str, int]) -> dict[str, Any]:
@@ -171,7 +132,9 @@ def trainer_for(family: str, path: str, sizes: dict[str, int], workdir: Path) ->
     pixels = sizes["side"] ** 2
     processor = load_processor(resolve_model_path(FAMILIES[family][1]), min_pixels=3136, max_pixels=pixels)
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(scaled_config(family), attn_implementation="sdpa")
+    model = AutoModelForImageTextToText.from_config(
+        scaled_config(*FAMILIES[family], WIDTH, DEPTH), attn_implementation="sdpa"
+    )
     freeze_vision_tower(model)
     batch = generation_batch(processor, sizes)
     rows = batch["prompt_ids"].shape[0]

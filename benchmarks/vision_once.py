@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, report
+from common import REPO, report, scaled_config
 
 SIDE = (1008, 1008)  # 1.02 MP: 72 x 72 patches of 14 px, 1296 image tokens after the 2x2 merge
 QUICK_SIDE = (224, 224)
@@ -41,45 +41,14 @@ COMPLETION = 32  # completion tokens per copy
 
 def scaled_model() -> tuple[torch.nn.Module, Any]:
     """Qwen2.5-VL-3B's depths with its widths / 16 (see the module docstring), seeded, and the replica's processor."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
     from vision_grpo.models.embedded import resolve_model_path
     from vision_grpo.models.processing import load_processor
 
     path = resolve_model_path("vision-grpo/tiny-qwen2.5-vl")
     processor = load_processor(path, min_pixels=3136, max_pixels=SIDE[0] * SIDE[1])
-    tiny = Qwen2_5_VLConfig.from_pretrained(path)
-    config = Qwen2_5_VLConfig(
-        text_config={
-            **{key: getattr(tiny.text_config, key) for key in ("vocab_size", "bos_token_id", "eos_token_id")},
-            "pad_token_id": tiny.text_config.pad_token_id,
-            "hidden_size": 128,  # 2048 / 16
-            "intermediate_size": 688,  # 11008 / 16
-            "num_hidden_layers": 36,
-            "num_attention_heads": 1,  # one head of the real head size, 128
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 8192,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
-            "tie_word_embeddings": True,
-        },
-        vision_config={
-            "depth": 32,
-            "hidden_size": 80,  # 1280 / 16: one head of the real head size, 80
-            "intermediate_size": 214,  # 3420 / 16
-            "num_heads": 1,
-            "out_hidden_size": 128,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "window_size": 112,
-            "fullatt_block_indexes": [7, 15, 23, 31],
-        },
-        image_token_id=tiny.image_token_id,
-        video_token_id=tiny.video_token_id,
-        vision_start_token_id=tiny.vision_start_token_id,
-        vision_end_token_id=tiny.vision_end_token_id,
-        tie_word_embeddings=True,
-    )
+    config = scaled_config("Qwen--Qwen2.5-VL-3B-Instruct", "vision-grpo/tiny-qwen2.5-vl", width=16, depth=1)
     torch.manual_seed(0)
     return Qwen2_5_VLForConditionalGeneration(config).eval(), processor
 
