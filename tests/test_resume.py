@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import FAMILY_MODELS, REPO, run_script
 from safetensors.torch import load_file
 from trl import GRPOConfig, ModelConfig
@@ -267,6 +268,24 @@ def test_a_resume_is_checked_by_the_models_content_not_its_path(tiny_model_path:
     with pytest.raises(RunConflict, match=r"\(model_weights: \{'sha256': '[0-9a-f]{64}'\} then, \{'sha256'"):
         RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last"])
     assert json.loads((run_dir / "manifest.json").read_text())["model_weights"]["sha256"]
+
+
+def test_the_run_folder_records_the_recipes_env_block_and_a_resume_on_other_values_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL's `env:` block is part of how the run ran: its folder's recipe.yaml keeps it as written. Environment
+    variables are the machine's settings, so a resume with other values is not refused for them."""
+    monkeypatch.delenv("VISION_GRPO_RECIPE_ENV", raising=False)
+    tiny = (REPO / "recipes/shapes/tiny_cpu.yaml").read_text(encoding="utf-8")
+    recipe = tmp_path / "with_env.yaml"
+    recipe.write_text(tiny + "env:\n  VISION_GRPO_RECIPE_ENV: 7\n", encoding="utf-8")
+    argv = training_args(tmp_path, "env")[1:]
+    argv[argv.index("--config") + 1] = str(recipe)
+    run_dir = earlier_run(tmp_path, argv)
+    assert yaml.safe_load((run_dir / "recipe.yaml").read_text())["env"] == {"VISION_GRPO_RECIPE_ENV": 7}
+    recipe.write_text(tiny + "env:\n  VISION_GRPO_RECIPE_ENV: 8\n", encoding="utf-8")
+    with RecipeRun.start(GRPOConfig, [*argv, "--resume_from_checkpoint", "last"]):
+        assert os.environ["VISION_GRPO_RECIPE_ENV"] == "8"
 
 
 def test_overwrite_run_deletes_nothing_that_is_not_a_run_of_ours(tmp_path: Path) -> None:

@@ -70,9 +70,16 @@ def set_keys(recipe_path: str | None, argv: list[str]) -> list[str]:
     return keys
 
 
-def resolved_recipe(keys: list[str], configs: tuple[Any, ...]) -> dict[str, Any]:
-    """The final value of each explicitly set key (after CLI overrides and the run folder's output_dir)."""
-    values: dict[str, Any] = {}
+def recipe_env(recipe_path: str | None) -> dict[str, Any]:
+    """The recipe's `env:` block (TRL's environment variables, set while the recipe is parsed); empty without one."""
+    recipe = yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) if recipe_path else None
+    return (recipe or {}).get("env") or {}
+
+
+def resolved_recipe(keys: list[str], configs: tuple[Any, ...], env: dict[str, Any]) -> dict[str, Any]:
+    """The final value of each explicitly set key (after CLI overrides and the run folder's output_dir), and the
+    recipe's `env` block as written, so that the folder's recipe.yaml reproduces the run's environment too."""
+    values: dict[str, Any] = {"env": env} if env else {}
     for config in configs:
         for f in dataclasses.fields(config):
             if f.name in keys and f.name not in values:
@@ -129,7 +136,7 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
     A resumed run (`resumed_from` set) keeps the manifest's first start and adds this start to `resumes`.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolved_recipe(set_keys(recipe_path, argv), configs)
+    recipe = resolved_recipe(set_keys(recipe_path, argv), configs, recipe_env(recipe_path))
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     earlier = read_manifest(run_dir) if extra.get("resumed_from") else None
     resumes = [] if earlier is None else [*earlier.get("resumes", []), {"at": now, "from": extra["resumed_from"]}]

@@ -16,7 +16,14 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.run.checksums import checksum_fault
-from vision_grpo.run.manifest import code_identity, dataset_identity, read_manifest, resolved_recipe, set_keys
+from vision_grpo.run.manifest import (
+    code_identity,
+    dataset_identity,
+    read_manifest,
+    recipe_env,
+    resolved_recipe,
+    set_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +144,7 @@ RESUME_FREE_KEYS = frozenset(
         "num_completions_to_print",
         "dataloader_num_workers",
         "rank_stall_timeout",
+        "env",  # environment variables: the machine's settings (offline, allocator), like the keys above
     }
 )
 
@@ -179,7 +187,7 @@ def resume_changes(
         return []
     then = yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}
     keys = list(dict.fromkeys([*then, *set_keys(recipe_path, argv)]))
-    now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs), allow_unicode=True)) or {}
+    now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs, recipe_env(recipe_path)), allow_unicode=True))
     manifest = read_manifest(earlier_run) or {}
     by_content = {"model_name_or_path", "model_revision"} if "model_weights" in manifest else set()
     changes = []
