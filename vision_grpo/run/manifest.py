@@ -57,23 +57,17 @@ def git_state() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty}
 
 
-def set_keys(recipe_path: str | None, argv: list[str]) -> list[str]:
-    """Keys the recipe file or the command line set explicitly, in that order."""
-    keys: list[str] = []
-    if recipe_path:
-        keys += list(yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {})
+def explicit_settings(recipe_path: str | None, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Keys the recipe file or the command line set explicitly, in that order, and the recipe's `env:` block (TRL's
+    environment variables, set while the recipe is parsed; empty without one)."""
+    recipe = (yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) or {}) if recipe_path else {}
+    keys = list(recipe)
     for token in argv:
         if token.startswith("--") and token != "--config":
             key = token[2:].split("=", 1)[0]
             if key not in keys:
                 keys.append(key)
-    return keys
-
-
-def recipe_env(recipe_path: str | None) -> dict[str, Any]:
-    """The recipe's `env:` block (TRL's environment variables, set while the recipe is parsed); empty without one."""
-    recipe = yaml.safe_load(Path(recipe_path).read_text(encoding="utf-8")) if recipe_path else None
-    return (recipe or {}).get("env") or {}
+    return keys, recipe.get("env") or {}
 
 
 def resolved_recipe(keys: list[str], configs: tuple[Any, ...], env: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +130,8 @@ def write_run_start(run_dir: Path, recipe_path: str | None, argv: list[str], con
     A resumed run (`resumed_from` set) keeps the manifest's first start and adds this start to `resumes`.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
-    recipe = resolved_recipe(set_keys(recipe_path, argv), configs, recipe_env(recipe_path))
+    keys, env = explicit_settings(recipe_path, argv)
+    recipe = resolved_recipe(keys, configs, env)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     earlier = read_manifest(run_dir) if extra.get("resumed_from") else None
     resumes = [] if earlier is None else [*earlier.get("resumes", []), {"at": now, "from": extra["resumed_from"]}]

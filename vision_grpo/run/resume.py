@@ -16,14 +16,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from vision_grpo.run.checksums import checksum_fault
-from vision_grpo.run.manifest import (
-    code_identity,
-    dataset_identity,
-    read_manifest,
-    recipe_env,
-    resolved_recipe,
-    set_keys,
-)
+from vision_grpo.run.manifest import code_identity, dataset_identity, explicit_settings, read_manifest, resolved_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +179,9 @@ def resume_changes(
     if not recorded.is_file():
         return []
     then = yaml.safe_load(recorded.read_text(encoding="utf-8")) or {}
-    keys = list(dict.fromkeys([*then, *set_keys(recipe_path, argv)]))
-    now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs, recipe_env(recipe_path)), allow_unicode=True))
+    keys_now, env = explicit_settings(recipe_path, argv)
+    keys = list(dict.fromkeys([*then, *keys_now]))
+    now = yaml.safe_load(yaml.safe_dump(resolved_recipe(keys, configs, env), allow_unicode=True))
     manifest = read_manifest(earlier_run) or {}
     by_content = {"model_name_or_path", "model_revision"} if "model_weights" in manifest else set()
     changes = []
