@@ -211,7 +211,7 @@ def parse_recipe(
         os.environ[name] = str(value)
     flags = argv[: argv.index("--config")] + argv[argv.index("--config") + 2 :] if path is not None else argv
     try:
-        known = _field_types(config_classes)
+        known = {field.name for cls in config_classes for field in dataclasses.fields(cls)}
         parser.set_defaults_with_config(**{key: value for key, value in recipe.items() if key in known})
         parsed = tuple(parser.parse_args_into_dataclasses(args=flags))
     except ValueError as error:  # argparse's, our checks', or a trainer config's own (GRPOConfig's batch arithmetic)
