@@ -29,6 +29,15 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 
+def child_figures(script: str, *args: str, what: str) -> dict[str, Any]:
+    """Run `script` with `args` in a process of its own (its peak memory its own) and return the figures it printed
+    as its last line, JSON; a failure ends the benchmark naming `what`, with the end of the child's stderr."""
+    output = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, check=False)
+    if output.returncode != 0:
+        sys.exit(f"{what} failed:\n{output.stderr[-4000:]}")
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
 def real_size_config(published: str, replica: str) -> Any:
     """The config `published` (a copy of a Hub config.json in vision_grpo/plan/model_configs/, the one the memory plan
     reads) in the class of the embedded replica `replica`, with the replica's token ids: the replica's tokenizer,

@@ -16,13 +16,11 @@ import argparse
 import io
 import json
 import resource
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import datasets
-from common import RECIPE, REPO, machine, markdown_table
+from common import RECIPE, child_figures, machine, markdown_table
 from PIL import Image
 
 FEATURES = datasets.Features(
@@ -104,9 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     figures = []
     for size in args.sizes:
-        command = [sys.executable, __file__, "--one", str(size), "--side", str(args.side)]
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-        figures.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        figures.append(child_figures(__file__, "--one", str(size), "--side", str(args.side), what=f"{size} rows"))
     base = figures[0]["peak_rss_mib"]
     rows = [
         [

@@ -37,7 +37,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, machine, report, scaled_config
+from common import child_figures, machine, report, scaled_config
 
 FAMILIES = {
     "Qwen2.5-VL": ("Qwen--Qwen2.5-VL-3B-Instruct", "vision-grpo/tiny-qwen2.5-vl"),
@@ -262,12 +261,15 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(family: str, part: str, quick: bool, save: Path | None = None) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--family", family, "--part", part, *(["--quick"] if quick else [])]
-    command += ["--save", str(save)] if save else []
-    output = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
-    if output.returncode != 0:
-        sys.exit(f"{family} {part} failed:\n{output.stderr[-4000:]}")
-    result = json.loads(output.stdout.strip().splitlines()[-1])
+    args = [
+        "--family",
+        family,
+        "--part",
+        part,
+        *(["--quick"] if quick else []),
+        *(["--save", str(save)] if save else []),
+    ]
+    result = child_figures(__file__, *args, what=f"{family} {part}")
     print(f"  {family} {part}: {result}", file=sys.stderr, flush=True)
     return result
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, report, scaled_config
+from common import child_figures, report, scaled_config
 
 SIDE = (1008, 1008)  # 1.02 MP: 72 x 72 patches of 14 px, 1296 image tokens after the 2x2 merge
 QUICK_SIDE = (224, 224)
@@ -116,13 +115,15 @@ def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> 
 
 
 def run_variant(variant: str, tower: str, quick: bool, save: Path | None) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--variant", variant, "--tower", tower, *(["--quick"] if quick else [])]
-    output = subprocess.run(
-        [*command, *(["--save", str(save)] if save else [])], cwd=REPO, capture_output=True, text=True, check=False
-    )
-    if output.returncode != 0:
-        sys.exit(f"{variant}/{tower} failed:\n{output.stderr[-4000:]}")
-    return json.loads(output.stdout.strip().splitlines()[-1])
+    args = [
+        "--variant",
+        variant,
+        "--tower",
+        tower,
+        *(["--quick"] if quick else []),
+        *(["--save", str(save)] if save else []),
+    ]
+    return child_figures(__file__, *args, what=f"{variant}/{tower}")
 
 
 def max_differences(per_copy: Path, shared: Path) -> tuple[float, float]:
