@@ -4,11 +4,6 @@ whole experiment runs end to end at toy size."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import pytest
-from conftest import run_script
 from trl import GRPOConfig, ModelConfig
 
 from vision_grpo.demo.experiments import EXPERIMENTS
@@ -68,33 +63,3 @@ def test_the_table_reads_drops_blank_controls_and_the_paired_test_from_the_recor
     assert rows[3].startswith("| unseen colour (n = 4) | 0.0% (-25.0 pp); blank 25.0% | 75.0% (+25.0 pp); blank 0.0% |")
     assert rows[3].endswith("| 3 vs 0, p = 0.25 |")
     assert facts["unseen colour"]["grpo"] == 0.75 and separating_variant(variants) == "unseen colour"
-
-
-@pytest.mark.slow
-def test_quick_generalization_experiment_joins_the_report_under_its_seed(tmp_path: Path) -> None:
-    """At toy size, with `--seed 43`: every stage trains with that seed, and its runs, result files and report
-    section are named by it."""
-    runs, results = tmp_path / "runs", tmp_path / "results"
-    command = ["-m", "vision_grpo.demo", "--quick", "--experiments", "generalization", "--seed", "43"]
-    run_script([*command, "--runs-dir", str(runs), "--results-dir", str(results)], timeout=900)
-
-    report = (results / "report.md").read_text()
-    assert f"## {GENERALIZATION.title} (seed 43)" in report and "GRPO vs control (McNemar)" in report
-    assert (results / "sections" / "generalization-seed43.md").is_file()
-    prefix = results / "seed43_generalization_"
-    for png in ("variants.png", "curve.png"):
-        assert Path(f"{prefix}{png}").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    facts = json.loads(Path(f"{prefix}variants.json").read_text())
-    assert list(facts) == [name for name, _ in GENERALIZATION.held_out_variants]
-    # Every set's results are the arms' evaluations on images drawn with that set's keys and seed.
-    colour = json.loads(Path(f"{prefix}unseen_colour_grpo.json").read_text())
-    generator = colour["metadata"]["dataset"]["generator"]
-    assert generator["fill_color"] == "orange" and colour["metadata"]["dataset"]["eval"]["seed"] == 21
-    in_distribution = json.loads(Path(f"{prefix}in_distribution_grpo.json").read_text())
-    assert facts["in distribution"]["after GRPO"] == in_distribution["summary"]["accuracy"]
-    for stage in (
-        "tiny_sft_perception/demo-seed43-perception",
-        "tiny_grpo_perception/demo-seed43-perception",
-        "tiny_sft_perception/demo-seed43-perception-control",
-    ):
-        assert "seed: 43" in (runs / "shapes" / stage / "recipe.yaml").read_text().splitlines()

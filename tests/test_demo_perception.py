@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import yaml
-from conftest import run_script
 
 from vision_grpo.demo.curve import checkpoints
 from vision_grpo.demo.experiments import CURVE_POINTS, EXPERIMENTS
@@ -45,35 +43,3 @@ def test_the_curve_reads_each_checkpoint_then_the_final_model(tmp_path: Path) ->
     options = curve_checkpoints(320)
     assert options[options.index("--save_steps") + 1] == "54"  # 320 / 6, rounded up: 6 checkpoints
     assert int(options[options.index("--save_total_limit") + 1]) > CURVE_POINTS
-
-
-@pytest.mark.slow
-def test_quick_perception_experiment_joins_the_report(tmp_path: Path) -> None:
-    runs, results = tmp_path / "runs", tmp_path / "results"
-    (results / "sections").mkdir(parents=True)
-    (results / "sections" / "format.md").write_text("## Experiment 1: written by an earlier make demo\n")
-    command = ["-m", "vision_grpo.demo", "--quick", "--experiments", "perception"]
-    run_script([*command, "--runs-dir", str(runs), "--results-dir", str(results)], timeout=600)
-
-    report = (results / "report.md").read_text()
-    assert report.index("## Experiment 1: written by an earlier make demo") < report.index(f"## {PERCEPTION.title}")
-    assert "McNemar exact test on strict accuracy, SFT control (more SFT) → after GRPO" in report
-    assert "strict accuracy with shuffled images (another image's)" in report
-    for png in ("perception.png", "perception_curve.png"):
-        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # The curve: both arms from the warm start to their matched budgets, every point a held-out evaluation.
-    curves = json.loads((results / "perception_curve.json").read_text())
-    grpo, control = curves["after GRPO"], curves["SFT control (more SFT)"]
-    warm = json.loads((results / "perception_warm_start.json").read_text())["summary"]["accuracy"]
-    assert grpo[0] == control[0] == {"step": 0, "token_passes": 0, "accuracy": warm}
-    assert (
-        len(control)
-        == 1
-        + json.loads((runs / "shapes/tiny_sft_perception/demo-perception-control/manifest.json").read_text())[
-            "global_step"
-        ]
-    )  # quick: a checkpoint every step
-    per_step = control[-1]["token_passes"] / control[-1]["step"]
-    assert abs(control[-1]["token_passes"] - grpo[-1]["token_passes"]) <= per_step
-    final = json.loads((results / "perception_grpo.json").read_text())["summary"]["accuracy"]
-    assert grpo[-1]["accuracy"] == final
