@@ -7,12 +7,15 @@ this runs on are shared: absolute seconds move with the load, ratios of interlea
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,17 @@ OFFLINE_ENV = {
 os.environ.update(OFFLINE_ENV)
 
 
-def child_figures(script: str, *args: str, what: str) -> dict[str, Any]:
-    """Run `script` with `args` in a process of its own (its peak memory its own) and return the figures it printed
-    as its last line, JSON; a failure ends the benchmark naming `what`, with the end of the child's stderr."""
-    output = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, check=False)
-    if output.returncode != 0:
-        sys.exit(f"{what} failed:\n{output.stderr[-4000:]}")
-    return json.loads(output.stdout.strip().splitlines()[-1])
+def child_figures(work: Callable[..., dict[str, Any]], *args: Any, what: str) -> dict[str, Any]:
+    """`work(*args)` in a process of its own, forked from this one, and the figures it returns. Its peak memory is
+    its own (a forked process's peak RSS starts at what it maps, not at this process's peak) and it starts with this
+    process's imports, so a benchmark that imports its libraries before its first child spares each child the
+    seconds of importing them again. A failure ends the benchmark naming `what`, after the child's traceback."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        try:
+            return pool.submit(work, *args).result()
+        except Exception as error:  # the child's own, or BrokenProcessPool where it died
+            traceback.print_exception(error)
+            sys.exit(f"{what} failed (above)")
 
 
 def real_size_config(published: str, replica: str) -> Any:

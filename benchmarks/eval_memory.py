@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import resource
 import tempfile
 from pathlib import Path
@@ -61,7 +60,8 @@ def synthetic_rows(count: int, side: int):
 
 
 def measure(count: int, side: int, folder: Path) -> dict[str, float]:
-    """In this process: write the split, evaluate it, return peak RSS (MiB) before and after the evaluation."""
+    """In this process: write the split, evaluate it, return peak RSS (MiB) before and after the evaluation. The
+    evaluator's libraries are imported here, not by the process that forks this one, as a fresh process would."""
     from trl import GRPOConfig, ModelConfig
 
     from vision_grpo.evaluation.eval_options import EvalArguments
@@ -94,15 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 5000])
     parser.add_argument("--side", type=int, default=160, help="image side in pixels")
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: measure one size in this process
     args = parser.parse_args(argv)
-    if args.one is not None:
-        with tempfile.TemporaryDirectory(prefix="eval-memory-") as folder:
-            print(json.dumps(measure(args.one, args.side, Path(folder))))
-        return
-    figures = []
-    for size in args.sizes:
-        figures.append(child_figures(__file__, "--one", str(size), "--side", str(args.side), what=f"{size} rows"))
+    with tempfile.TemporaryDirectory(prefix="eval-memory-") as tmp:
+        figures = [child_figures(measure, n, args.side, Path(tmp) / str(n), what=f"{n} rows") for n in args.sizes]
     base = figures[0]["peak_rss_mib"]
     rows = [
         [

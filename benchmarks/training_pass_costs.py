@@ -34,17 +34,30 @@ of the medians (`--quick`: toy sizes, one run each, the main family only). Print
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from common import child_figures, machine, report, scaled_config
+from datasets import Dataset
+from PIL import Image
+from transformers import AutoModelForImageTextToText, TrainerCallback
+from trl import GRPOConfig, ModelConfig
+
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.lora import get_peft_config
+from vision_grpo.models.processing import load_processor
+from vision_grpo.models.shared_prefill import share_prefill
+from vision_grpo.models.shared_vision import share_vision_tower
+from vision_grpo.models.vision import freeze_vision_tower
+from vision_grpo.recipe.arguments import TaskArguments
+from vision_grpo.training.trainer import VisionGRPOTrainer
 
 FAMILIES = {
     "Qwen2.5-VL": ("Qwen--Qwen2.5-VL-3B-Instruct", "vision-grpo/tiny-qwen2.5-vl"),
@@ -63,8 +76,6 @@ TRL_PASS = {"share_prompt_in_training": False, "balance_micro_batches": False, "
 
 def generation_batch(processor: Any, sizes: dict[str, int]) -> dict[str, Any]:
     """What `_generate_and_score_completions` returns for the module docstring's batch (seeded)."""
-    from PIL import Image
-
     generator = torch.Generator().manual_seed(0)
     tokenizer = processor.tokenizer
     words = " ".join(["in the figure the angle at the centre is twice the one on the circle"] * 40)
@@ -117,17 +128,6 @@ def _completion_lengths(rows: int, sizes: dict[str, int], generator: torch.Gener
 
 def trainer_for(family: str, path: str, sizes: dict[str, int], workdir: Path) -> tuple[Any, dict[str, Any]]:
     """A VisionGRPOTrainer of the scaled model with the seed's training settings, generating the fixed batch."""
-    from datasets import Dataset
-    from transformers import AutoModelForImageTextToText
-    from trl import GRPOConfig, ModelConfig
-
-    from vision_grpo.models.embedded import resolve_model_path
-    from vision_grpo.models.lora import get_peft_config
-    from vision_grpo.models.processing import load_processor
-    from vision_grpo.models.vision import freeze_vision_tower
-    from vision_grpo.recipe.arguments import TaskArguments
-    from vision_grpo.training.trainer import VisionGRPOTrainer
-
     pixels = sizes["side"] ** 2
     processor = load_processor(resolve_model_path(FAMILIES[family][1]), min_pixels=3136, max_pixels=pixels)
     torch.manual_seed(0)
@@ -175,8 +175,6 @@ def trainer_for(family: str, path: str, sizes: dict[str, int], workdir: Path) ->
 
 def run_path(family: str, path: str, sizes: dict[str, int], save: Path | None) -> dict[str, Any]:
     """One path's training in this process: per-step pass and step times, peak memory, positions; weights saved."""
-    from transformers import TrainerCallback
-
     with tempfile.TemporaryDirectory() as tmp:
         trainer, _ = trainer_for(family, path, sizes, Path(tmp))
         walls: list[float] = []
@@ -205,7 +203,7 @@ def run_path(family: str, path: str, sizes: dict[str, int], save: Path | None) -
     }
 
 
-def log_prob_difference(family: str, sizes: dict[str, int]) -> float:
+def log_prob_difference(family: str, sizes: dict[str, int]) -> dict[str, float]:
     """Max |log-prob difference| between the two paths over the batch's completion tokens, one model."""
     with tempfile.TemporaryDirectory() as tmp:
         trainer, batch = trainer_for(family, "new", sizes, Path(tmp))
@@ -218,16 +216,14 @@ def log_prob_difference(family: str, sizes: dict[str, int]) -> float:
             for share in (False, True):
                 trainer.share_prompt_in_training = share
                 results.append(trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width, **images)[0])
-        return float(((results[0] - results[1]) * batch["completion_mask"]).abs().max())
+        difference = ((results[0] - results[1]) * batch["completion_mask"]).abs().max()
+        return {"max_log_prob_difference": float(difference)}
 
 
 def generations(family: str, sizes: dict[str, int]) -> dict[str, Any]:
     """HF generation of the batch's prompts as the trainer installs it: once to the completion limit; then, for the
     decode cache, `decode` tokens with each prompt's keys and values held once and with a copy per row, alternating,
     twice each (the same prefill, the same samples: the time is the layers' expansion of the prompt part)."""
-    from vision_grpo.models.shared_prefill import share_prefill
-    from vision_grpo.models.shared_vision import share_vision_tower
-
     with tempfile.TemporaryDirectory() as tmp:
         trainer, batch = trainer_for(family, "new", sizes, Path(tmp))
     model = trainer.model.eval()
@@ -250,27 +246,11 @@ def generations(family: str, sizes: dict[str, int]) -> dict[str, Any]:
     return {"generation_s": timed(sizes["limit"], True), "decode_s": decode}
 
 
-def child(args: argparse.Namespace) -> None:
-    sizes = QUICK if args.quick else FULL
-    if args.part == "generation":
-        print(json.dumps(generations(args.family, sizes)))
-    elif args.part == "logps":
-        print(json.dumps({"max_log_prob_difference": log_prob_difference(args.family, sizes)}))
-    else:
-        print(json.dumps(run_path(args.family, args.part, sizes, args.save)))
-
-
-def run_child(family: str, part: str, quick: bool, save: Path | None = None) -> dict[str, Any]:
-    args = [
-        "--family",
-        family,
-        "--part",
-        part,
-        *(["--quick"] if quick else []),
-        *(["--save", str(save)] if save else []),
-    ]
-    result = child_figures(__file__, *args, what=f"{family} {part}")
-    print(f"  {family} {part}: {result}", file=sys.stderr, flush=True)
+def run_child(work: Callable[..., dict[str, Any]], family: str, *args: Any) -> dict[str, Any]:
+    """`work(family, *args)` in a process of its own (peak memory is per process); its figures, also on stderr."""
+    what = " ".join([family, work.__name__, *(arg for arg in args if isinstance(arg, str))])
+    result = child_figures(work, family, *args, what=what)
+    print(f"  {what}: {result}", file=sys.stderr, flush=True)
     return result
 
 
@@ -285,31 +265,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="toy sizes, one run each, the main family only")
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--family", choices=list(FAMILIES), help=argparse.SUPPRESS)
-    parser.add_argument("--part", choices=["before", "new", "generation", "logps"], help=argparse.SUPPRESS)
-    parser.add_argument("--save", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.part:
-        child(args)
-        return
-
+    sizes = QUICK if args.quick else FULL
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         saved = {path: Path(tmp) / f"{path}.pt" for path in ("before", "new")}
         for repeat in range(1 if args.quick else 2):
             for path in ("before", "new"):
                 save = saved[path] if repeat == 0 else None
-                runs.setdefault((MAIN, path), []).append(run_child(MAIN, path, args.quick, save))
+                runs.setdefault((MAIN, path), []).append(run_child(run_path, MAIN, path, sizes, save))
         weights = weight_difference(saved["before"], saved["new"])
     for family in FAMILIES:
         if family != MAIN and not args.quick:
             for path in ("before", "new"):
-                runs.setdefault((family, path), []).append(run_child(family, path, args.quick))
-    generated = run_child(MAIN, "generation", args.quick)
+                runs.setdefault((family, path), []).append(run_child(run_path, family, path, sizes, None))
+    generated = run_child(generations, MAIN, sizes)
     generation = generated["generation_s"]
     decode_ratio = statistics.median(generated["decode_s"]["once"]) / statistics.median(generated["decode_s"]["copied"])
-    log_probs = run_child(MAIN, "logps", args.quick)["max_log_prob_difference"]
+    log_probs = run_child(log_prob_difference, MAIN, sizes)["max_log_prob_difference"]
 
     def median(family: str, path: str, key: str) -> float:
         return statistics.median(value for run in runs[family, path] for value in _values(run[key]))
@@ -326,7 +300,7 @@ def main() -> None:
     step_new = generation + median(MAIN, "new", "step_s")
     figures = {
         "machine": machine(),
-        "sizes": QUICK if args.quick else FULL,
+        "sizes": sizes,
         "tokens_per_signal": {"before": per_signal("before"), "new": per_signal("new")},
         "pass_ratio": ratio(MAIN, "pass_s"),
         "step_ratio": step_before / step_new,

@@ -20,7 +20,6 @@ prompt prefilled once (vision_grpo/models/shared_prefill.py).
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import sys
@@ -31,6 +30,14 @@ from typing import Any
 
 import torch
 from common import child_figures, report, scaled_config
+from PIL import Image
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vision_grpo.models.embedded import resolve_model_path
+from vision_grpo.models.processing import load_processor
+from vision_grpo.models.shared_prefill import share_prefill
+from vision_grpo.models.shared_vision import share_vision_tower
+from vision_grpo.models.vision import vision_special_token_ids
 
 SIDE = (1008, 1008)  # 1.02 MP: 72 x 72 patches of 14 px, 1296 image tokens after the 2x2 merge
 QUICK_SIDE = (224, 224)
@@ -40,11 +47,6 @@ COMPLETION = 32  # completion tokens per copy
 
 def scaled_model() -> tuple[torch.nn.Module, Any]:
     """Qwen2.5-VL-3B's depths with its widths / 16 (see the module docstring), seeded, and the replica's processor."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from vision_grpo.models.embedded import resolve_model_path
-    from vision_grpo.models.processing import load_processor
-
     path = resolve_model_path("vision-grpo/tiny-qwen2.5-vl")
     processor = load_processor(path, min_pixels=3136, max_pixels=SIDE[0] * SIDE[1])
     config = scaled_config("Qwen--Qwen2.5-VL-3B-Instruct", "vision-grpo/tiny-qwen2.5-vl", width=16, depth=1)
@@ -54,8 +56,6 @@ def scaled_model() -> tuple[torch.nn.Module, Any]:
 
 def inputs(processor: Any, side: tuple[int, int]) -> dict[str, torch.Tensor]:
     """G copies of one prompt with one photograph-like image, as TRL's repeated prompts give them."""
-    from PIL import Image
-
     generator = torch.Generator().manual_seed(1)
     image = Image.fromarray((torch.rand(side[1], side[0], 3, generator=generator) * 255).byte().numpy())
     text = processor.apply_chat_template(
@@ -67,10 +67,6 @@ def inputs(processor: Any, side: tuple[int, int]) -> dict[str, torch.Tensor]:
 
 def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> dict[str, Any]:
     """One GRPO step in this process: generation, then the policy's forward and backward; times and peak RSS."""
-    from vision_grpo.models.shared_prefill import share_prefill
-    from vision_grpo.models.shared_vision import share_vision_tower
-    from vision_grpo.models.vision import vision_special_token_ids
-
     model, processor = scaled_model()
     model.model.visual.requires_grad_(tower == "trainable")
     model.gradient_checkpointing_enable()  # as the recipes train (`gradient_checkpointing: true`)
@@ -114,18 +110,6 @@ def step(variant: str, tower: str, side: tuple[int, int], save: Path | None) -> 
     }
 
 
-def run_variant(variant: str, tower: str, quick: bool, save: Path | None) -> dict[str, Any]:
-    args = [
-        "--variant",
-        variant,
-        "--tower",
-        tower,
-        *(["--quick"] if quick else []),
-        *(["--save", str(save)] if save else []),
-    ]
-    return child_figures(__file__, *args, what=f"{variant}/{tower}")
-
-
 def max_differences(per_copy: Path, shared: Path) -> tuple[float, float]:
     a, b = torch.load(per_copy), torch.load(shared)
     log_probs = (a["log_probs"] - b["log_probs"]).abs().max().item()
@@ -138,16 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="224-px images, one run each (figures mean little)")
     parser.add_argument("--json", help="also write the figures here")
-    parser.add_argument("--variant", choices=["per-copy", "shared"], help=argparse.SUPPRESS)
-    parser.add_argument("--tower", choices=["frozen", "trainable"], help=argparse.SUPPRESS)
-    parser.add_argument("--save", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     side = QUICK_SIDE if args.quick else SIDE
-    if args.variant:  # a child: one variant, its figures as the last line
-        print(json.dumps(step(args.variant, args.tower, side, args.save)))
-        return
-
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         saved = {variant: Path(tmp) / f"{variant}.pt" for variant in ("per-copy", "shared")}
@@ -155,7 +132,8 @@ def main() -> None:
             for tower in ("frozen", "trainable"):
                 for variant in ("per-copy", "shared"):
                     save = saved[variant] if tower == "trainable" and repeat == 0 else None
-                    runs.setdefault((variant, tower), []).append(run_variant(variant, tower, args.quick, save))
+                    measured = child_figures(step, variant, tower, side, save, what=f"{variant}/{tower}")
+                    runs.setdefault((variant, tower), []).append(measured)
                     print(f"  {variant:8s} {tower:9s} {runs[variant, tower][-1]}", file=sys.stderr, flush=True)
         log_prob_diff, gradient_diff = max_differences(saved["per-copy"], saved["shared"])
 
