@@ -235,7 +235,7 @@ def step_entries(step: dict[str, Any], labels: dict[str, str], budget: Budget) -
                 continue
             measured, runs = figures["peak_gib"][phase], figures["phase_calls"][phase]
             rows.append(entry(part, figure, measured, figures["plan_gib"][phase], memory_note(measured, runs)))
-    sharing, vllm = "vision sharing (issue 27), seed step", "vLLM colocate vs HF generation, seed step"
+    sharing, vllm = "vision sharing, seed step", "vLLM colocate vs HF generation, seed step"
     packed = "training pass, seed step"
     for key, part, figure, read, note in (
         ("train_hf_trl_pass", packed, "s/step, TRL's pass / packed", lambda f: f["s_per_step"], "TRL's step_time"),

@@ -64,7 +64,7 @@ def test_the_dry_run_writes_every_part_to_one_json_and_one_table(tmp_path: Path)
         assert ("GeoQA evaluation, qwen3.5-4b, " + backend, "samples/s vs the seed's") in figures
     assert ("memory, GeoQA evaluation, qwen3.5-4b, hf", "evaluation peak GiB") in figures
     assert ("vLLM colocate vs HF generation, seed step", "s/step, vLLM / HF") in figures
-    assert ("vision sharing (issue 27), seed step", "s/step, every copy / shared") in figures
+    assert ("vision sharing, seed step", "s/step, every copy / shared") in figures
     assert ("training pass, seed step", "s/step, TRL's pass / packed") in figures
 
     # A part without figures says why, in its entries and in the parts record; here the vLLM parts are skipped.
