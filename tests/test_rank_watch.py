@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch.distributed as dist
 from conftest import REPO, run_script
@@ -211,17 +212,14 @@ def test_a_stopped_rank_ends_the_launch_naming_it_and_the_run_resumes(tiny_model
 
 def workers(launcher: int) -> dict[int, int]:
     """{rank: pid} of the worker processes under `launcher`: its descendants started with RANK in their environment
-    (the agent sets it for each worker; the launcher's own environment has none)."""
-    found, todo = {}, [launcher]
-    while todo:
-        pid = todo.pop()
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(child) for child in (task / "children").read_text().split()]
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            rank = next((int(entry[5:]) for entry in environ if entry.startswith(b"RANK=")), None)
-            if rank is not None:
-                found[rank] = pid
+    (the agent sets it for each worker; the launcher's own environment has none). psutil finds descendants by every
+    process's parent id: reading /proc/<pid>/task/*/children fails for a thread of the launcher that ends meanwhile."""
+    found = {}
+    for process in psutil.Process(launcher).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rank = process.environ().get("RANK")
+            if rank is not None and process.parent().environ().get("RANK") is None:  # a worker, not its child
+                found[int(rank)] = process.pid
     return found
 
 
