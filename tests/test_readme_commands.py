@@ -15,6 +15,7 @@ import runpy
 import shlex
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -85,8 +86,10 @@ def _help_text(target: list[str]) -> str:
         sys.argv = [*argv, "--help"]
         if target[0] == "-m":
             runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(str(REPO / target[0]), run_name="__main__")
+        else:  # as `python <script>` runs it: its folder first on sys.path (benchmarks import their common.py)
+            script = REPO / target[0]
+            with mock.patch.object(sys, "path", [str(script.parent), *sys.path]):
+                runpy.run_path(str(script), run_name="__main__")
     assert exit_info.value.code in (0, None)
     return out.getvalue()
 
