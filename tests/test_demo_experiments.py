@@ -1,7 +1,8 @@
-"""Experiments 3, 4 and 5 end to end at toy size, as `make experiment-seeds` runs them: one seed (43), one runs folder,
-one results folder. Experiment 3 trains the warm start and both arms; Experiment 4 reuses its warm start and GRPO arm
-and trains only its dynamic-sampling arm; Experiment 5 reuses all three and only evaluates. Each section joins a
-report other commands wrote into the same folder; runs, result files, sections and figures are named by the seed."""
+"""Experiments 3, 4 and 5 end to end at toy size, with one seed (43) into one runs folder and one results folder, as
+`make experiment-seeds` runs a seed. Experiment 3 trains the warm start and both arms; Experiment 4 reuses its warm
+start and GRPO arm and trains only its dynamic-sampling arm; Experiment 5 reuses all three and only evaluates. Each
+section joins a report other commands wrote into the same folder; runs, result files, sections and figures are named
+by the seed."""
 
 from __future__ import annotations
 
