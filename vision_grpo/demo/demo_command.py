@@ -126,9 +126,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise
 
     names = [e.key for e in chosen if not e.held_out_variants]  # Experiment 5 draws its own PNGs
-    # Seeds write into one results folder side by side (`make experiment-seeds`): each seed's figure has its name.
     stem = "demo" if names == list(DEMO_EXPERIMENTS) else "-".join(names)
-    png = results_dir / f"{'' if args.seed is None else f'seed{args.seed}_'}{stem}.png" if names else None
+    if args.seed is not None:  # seeds write into one results folder side by side (`make experiment-seeds`)
+        stem = f"seed{args.seed}_{stem}"
+    png = results_dir / f"{stem}.png" if names else None
     if png is not None:
         with clock.stage("report"):
             plot(results, png)
